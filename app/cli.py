@@ -1,0 +1,4 @@
+"""SABRE entry point."""
+def main() -> None:
+    """Run the SABRE command line."""
+
