@@ -1,0 +1,9 @@
+"""ORM tables, one file each; importing this package registers them all on ``Base.metadata``."""
+
+from app.models.api_key import ApiKey
+from app.models.conversation import Conversation
+from app.models.idempotency import IdempotencyRecord
+from app.models.message import Message
+from app.models.turn import Turn
+
+__all__ = ["ApiKey", "Conversation", "IdempotencyRecord", "Message", "Turn"]

@@ -1,0 +1,109 @@
+"""One Settings object for the whole service, read from SABRE_* (and OPENAI_*) variables."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from functools import cached_property
+from pathlib import Path
+from typing import Literal
+
+from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _xdg_data_home() -> Path:
+    """The XDG data directory for SABRE (``$XDG_DATA_HOME/sabre``, default ``~/.local/share/sabre``)."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "sabre"
+
+
+class Settings(BaseSettings):
+    """Service configuration; every field maps to an environment variable (see README)."""
+
+    model_config = SettingsConfigDict(env_prefix="SABRE_", extra="ignore", populate_by_name=True)
+
+    data_dir: Path = Field(default_factory=_xdg_data_home)
+    database_url: str | None = None
+    redis_url: str | None = None
+
+    openai_api_key: SecretStr | None = Field(
+        default=None, validation_alias=AliasChoices("OPENAI_API_KEY", "SABRE_OPENAI_API_KEY")
+    )
+    openai_base_url: str | None = Field(
+        default=None, validation_alias=AliasChoices("OPENAI_BASE_URL", "SABRE_OPENAI_BASE_URL")
+    )
+    model: str = "gpt-4o-mini"
+    llm_api: Literal["responses", "chat"] = "responses"
+    llm_timeout_seconds: float = 120.0
+    llm_max_retries: int = 3
+    llm_retry_base_delay: float = 0.5
+
+    api_keys: str = ""
+    host: str = "127.0.0.1"
+    port: int = 8011
+
+    max_input_chars: int = Field(default=100_000, ge=1)
+    max_body_bytes: int = Field(default=2_000_000, ge=1024)
+    max_iterations: int = Field(default=10, ge=1, le=100)
+    max_output_chars: int = Field(default=8_000, ge=100)
+
+    runtime_workers: int = Field(default=2, ge=1, le=64)
+    block_cpu_seconds: float = 10.0
+    block_memory_mb: int = 2048
+    block_wall_clock_seconds: float = 30.0
+    block_stdout_bytes: int = 32_000
+
+    lock_lease_seconds: float = Field(default=120.0, gt=0)
+
+    @field_validator("database_url")
+    @classmethod
+    def _normalise_url(cls, value: str | None) -> str | None:
+        """Accept the usual ``postgresql://`` spelling and use the async drivers."""
+        if value is None or value == "":
+            return None
+        if value.startswith(("postgres://", "postgresql://")):
+            return "postgresql+asyncpg://" + value.split("://", 1)[1]
+        if value.startswith("sqlite:///"):
+            return "sqlite+aiosqlite:///" + value.removeprefix("sqlite:///")
+        return value
+
+    @cached_property
+    def effective_database_url(self) -> str:
+        """The configured URL, or the embedded SQLite file under the data directory."""
+        if self.database_url:
+            return self.database_url
+        return f"sqlite+aiosqlite:///{self.data_dir / 'sabre.db'}"
+
+    @property
+    def is_sqlite(self) -> bool:
+        """Whether the store is the embedded SQLite database."""
+        return self.effective_database_url.startswith("sqlite")
+
+    @property
+    def workspaces_dir(self) -> Path:
+        """Parent of the per-conversation working directories of the sandbox."""
+        return self.data_dir / "workspaces"
+
+    def static_api_keys(self) -> dict[str, str]:
+        """``SABRE_API_KEYS`` parsed as ``{key: tenant}``; malformed pairs are a start-up error."""
+        keys: dict[str, str] = {}
+        for raw in self.api_keys.split(","):
+            pair = raw.strip()
+            if not pair:
+                continue
+            tenant, sep, key = pair.partition(":")
+            if not sep or not tenant.strip() or not key.strip():
+                raise ValueError(f"SABRE_API_KEYS: expected tenant:key, got {pair[:20]!r}")
+            keys[key.strip()] = tenant.strip()
+        return keys
+
+
+def is_loopback(host: str) -> bool:
+    """True for addresses that only this machine can reach (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

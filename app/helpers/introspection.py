@@ -1,0 +1,39 @@
+"""``helpers(term)``: list or search the helpers available in the namespace."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.helpers.base import HelperContext, HelperError, HelperSpec
+
+
+async def helpers(ctx: HelperContext, args: list[Any], kwargs: dict[str, Any]) -> str:
+    """Every helper's signature and first doc line, or the full docs of those matching ``term``."""
+    from app.helpers import HELPERS  # the registry imports this module
+
+    params = dict(zip(("term",), args, strict=False)) | kwargs
+    term = params.pop("term", None)
+    if params or (term is not None and not isinstance(term, str)):
+        raise HelperError('usage: helpers() or helpers("search term")')
+    specs = sorted(HELPERS.values(), key=lambda s: s.name)
+    if term:
+        needle = term.lower()
+        found = [s for s in specs if needle in s.name.lower() or needle in s.doc.lower()]
+        if not found:
+            return f"No helper matches {term!r}. Call helpers() to list them all."
+        return "\n".join(spec.render() for spec in found)
+    return "\n".join(f"{s.signature}: {s.doc.strip().splitlines()[0]}" for s in specs)
+
+
+SPEC = HelperSpec(
+    name="helpers",
+    signature='helpers(term: str | None = None) -> str',
+    doc="""
+List the helpers available in this runtime (signature and summary), or with a search term the
+full documentation of the helpers whose name or description mentions it.
+Example:
+    print(helpers("csv"))
+""",
+    runs="parent",
+    handler=helpers,
+)

@@ -1,0 +1,178 @@
+"""One error base for the service, rendered as RFC 9457 problem+json by one handler."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import structlog
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = structlog.get_logger(__name__)
+
+PROBLEM_JSON = "application/problem+json"
+
+
+class Problem(BaseModel):
+    """The problem+json body every error response carries."""
+
+    type: str
+    title: str
+    status: int
+    code: str
+    detail: str
+    instance: str | None = None
+    errors: list[dict[str, Any]] | None = None
+    expected_tool_call_ids: list[str] | None = None
+    current: dict[str, Any] | None = None
+
+
+class SabreError(Exception):
+    """Base of every error a client may see; subclasses fix the status, code and title."""
+
+    status: ClassVar[int] = 500
+    code: ClassVar[str] = "internal_error"
+    title: ClassVar[str] = "Internal error"
+
+    def __init__(self, detail: str, *, extra: dict[str, Any] | None = None) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.extra = extra or {}
+
+    def to_problem(self, *, instance: str | None = None) -> Problem:
+        """The problem+json body for this error."""
+        return Problem(
+            type=f"https://sabre.dev/problems/{self.code}",
+            title=self.title,
+            status=self.status,
+            code=self.code,
+            detail=self.detail,
+            instance=instance,
+            **self.extra,
+        )
+
+
+class BadRequest(SabreError):
+    status = 400
+    code = "bad_request"
+    title = "Bad request"
+
+
+class InvalidJSON(BadRequest):
+    code = "invalid_json"
+    title = "Malformed JSON body"
+
+
+class Unauthorized(SabreError):
+    status = 401
+    code = "unauthorized"
+    title = "Missing or invalid API key"
+
+
+class NotFound(SabreError):
+    status = 404
+    code = "not_found"
+    title = "Not found"
+
+
+class Conflict(SabreError):
+    status = 409
+    code = "conflict"
+    title = "Conflict with the current state"
+
+
+class Gone(SabreError):
+    status = 410
+    code = "gone"
+    title = "Gone"
+
+
+class PreconditionFailed(SabreError):
+    status = 412
+    code = "precondition_failed"
+    title = "Precondition failed"
+
+
+class PayloadTooLarge(SabreError):
+    status = 413
+    code = "payload_too_large"
+    title = "Payload too large"
+
+
+class Unprocessable(SabreError):
+    status = 422
+    code = "validation_error"
+    title = "Request validation failed"
+
+
+class ServiceUnavailable(SabreError):
+    status = 503
+    code = "unavailable"
+    title = "Service unavailable"
+
+
+def problem_response(problem: Problem, *, headers: dict[str, str] | None = None) -> JSONResponse:
+    """Render a Problem with the problem+json media type."""
+    return JSONResponse(
+        problem.model_dump(exclude_none=True),
+        status_code=problem.status,
+        media_type=PROBLEM_JSON,
+        headers=headers,
+    )
+
+
+def _clean_validation_errors(errors: Any) -> list[dict[str, Any]]:
+    """Keep the parts of pydantic's errors that help a client (location, message, type)."""
+    cleaned: list[dict[str, Any]] = []
+    for err in errors:
+        loc = [part for part in err.get("loc", ()) if part != "body"]
+        cleaned.append({"loc": loc, "msg": str(err.get("msg", "")), "type": str(err.get("type", ""))})
+    return cleaned
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Route every error (ours, validation, routing, unexpected) through problem+json."""
+
+    @app.exception_handler(SabreError)
+    async def _sabre_error(request: Request, exc: SabreError) -> JSONResponse:
+        return problem_response(exc.to_problem(instance=request.url.path))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = _clean_validation_errors(exc.errors())
+        if any(e["type"] == "json_invalid" for e in errors):
+            problem = InvalidJSON("The request body is not valid JSON.").to_problem(
+                instance=request.url.path
+            )
+            problem.errors = errors
+            return problem_response(problem)
+        first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        problem = Unprocessable(f"{where}: {first['msg']}").to_problem(instance=request.url.path)
+        problem.errors = errors
+        return problem_response(problem)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        codes = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized"}
+        code = codes.get(exc.status_code, f"http_{exc.status_code}")
+        problem = Problem(
+            type=f"https://sabre.dev/problems/{code}",
+            title=str(exc.detail) if exc.status_code != 404 else "Not found",
+            status=exc.status_code,
+            code=code,
+            detail=str(exc.detail) if exc.status_code != 404 else f"No route for {request.url.path}",
+            instance=request.url.path,
+        )
+        return problem_response(problem, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled_error", path=request.url.path)
+        problem = SabreError("An unexpected error occurred; it has been logged.").to_problem(
+            instance=request.url.path
+        )
+        return problem_response(problem)

@@ -1,0 +1,44 @@
+"""Run Alembic migrations programmatically (``sabre migrate`` and the embedded start-up)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+
+from app.kit.db import create_engine
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def alembic_config(database_url: str) -> Config:
+    """Alembic configuration pointing at our migrations and the given store."""
+    config = Config(str(ROOT / "alembic.ini"))
+    config.set_main_option("script_location", str(ROOT / "migrations"))
+    config.attributes["database_url"] = database_url
+    return config
+
+
+async def upgrade(database_url: str, *, revision: str = "head") -> None:
+    """Upgrade the store behind ``database_url`` to ``revision``."""
+    if database_url.startswith("sqlite"):
+        path = database_url.split(":///", 1)[1]
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(database_url)
+    config = alembic_config(database_url)
+    async with engine.begin() as connection:
+
+        def _upgrade(sync_connection: object) -> None:
+            config.attributes["connection"] = sync_connection
+            command.upgrade(config, revision)
+
+        await connection.run_sync(_upgrade)
+    await engine.dispose()
+
+
+def upgrade_sync(database_url: str, *, revision: str = "head") -> None:
+    """Blocking wrapper for the command line."""
+    asyncio.run(upgrade(database_url, revision=revision))

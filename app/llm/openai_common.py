@@ -1,0 +1,411 @@
+"""What the Responses and Chat Completions clients share: retries, error mapping, the helpers cut.
+
+Both clients stream through the official `openai` SDK with the SDK's own retries disabled, so the
+retry policy lives in one place: retry 408/409/429/5xx, connection errors and timeouts with
+exponential backoff and jitter, but only while no text has been received (a stream that dies
+half-way is reported, never silently restarted, because the caller may already have shown the text).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Final
+from urllib.parse import urlsplit, urlunsplit
+
+import openai
+import pydantic
+
+from app.llm.base import (
+    HELPERS_CLOSE,
+    DeltaCallback,
+    LLMError,
+    LLMErrorCode,
+    LLMMessage,
+    LLMResponse,
+    LLMUsage,
+)
+
+PLACEHOLDER_API_KEY: Final = "sk-none"
+"""Sent when no key is configured: local servers ignore it, but the SDK insists on one."""
+
+_MAX_CONNECT_TIMEOUT: Final = 10.0
+_MAX_DETAIL_CHARS: Final = 300
+
+
+def estimate_tokens(text_length: int) -> int:
+    """Roughly four characters a token: used only when the server reports no usage."""
+    return text_length // 4
+
+
+def prompt_chars(instructions: str, messages: Sequence[LLMMessage]) -> int:
+    """Characters of prompt text, the basis of the input-token estimate."""
+    return len(instructions) + sum(len(m.content) for m in messages)
+
+
+class TextCollector:
+    """Accumulates streamed text, forwards it to `on_delta` and cuts it after `</helpers>`.
+
+    The tag may straddle two chunks, so the last few characters of the previous chunk are kept and
+    searched together with the new one. When the tag is found, only the part of the chunk up to and
+    including it is kept and forwarded, so the deltas always concatenate to the final text.
+    """
+
+    def __init__(self, *, on_delta: DeltaCallback | None, stop_at_helpers: bool) -> None:
+        self._on_delta = on_delta
+        self._stop_at_helpers = stop_at_helpers
+        self._parts: list[str] = []
+        self._tail = ""
+        self.received = False
+        """True once any text arrived: from then on the request must not be retried."""
+        self.stopped_at_helpers = False
+
+    @property
+    def text(self) -> str:
+        return "".join(self._parts)
+
+    async def feed(self, chunk: str) -> bool:
+        """Take one chunk; returns True when `</helpers>` was reached and reading must stop."""
+        if not chunk or self.stopped_at_helpers:
+            return self.stopped_at_helpers
+        if self._stop_at_helpers:
+            window = self._tail + chunk
+            at = window.find(HELPERS_CLOSE)
+            if at >= 0:
+                # The tag cannot fit in the tail alone, so the cut falls inside this chunk.
+                chunk = chunk[: at + len(HELPERS_CLOSE) - len(self._tail)]
+                self.stopped_at_helpers = True
+            else:
+                self._tail = window[-(len(HELPERS_CLOSE) - 1) :]
+        await self._emit(chunk)
+        return self.stopped_at_helpers
+
+    async def append_closing_tag(self) -> None:
+        """Close a block whose `</helpers>` a server dropped because it was a stop string."""
+        await self._emit(HELPERS_CLOSE)
+        self.stopped_at_helpers = True
+
+    async def _emit(self, chunk: str) -> None:
+        self._parts.append(chunk)
+        self.received = True
+        if self._on_delta is not None:
+            await self._on_delta(chunk)
+
+
+class StreamOutcome:
+    """What one attempt learned besides the text: whether it finished and what it cost."""
+
+    def __init__(self) -> None:
+        self.finished = False
+        """The server sent its end-of-completion event (finish reason, `response.completed`...)."""
+        self.input_tokens: int | None = None
+        self.output_tokens: int | None = None
+
+
+class OpenAICompatibleClient(ABC):
+    """Base of both clients: owns the `AsyncOpenAI` client, the retry loop and the error mapping."""
+
+    api_name: str = "LLM"
+
+    def __init__(
+        self,
+        *,
+        base_url: str | None,
+        api_key: str | None,
+        timeout: float = 120,
+        max_retries: int = 3,
+        retry_base_delay: float = 0.5,
+        retry_max_delay: float = 30.0,
+    ) -> None:
+        if max_retries < 0:
+            raise ValueError("max_retries must be >= 0")
+        self._api_key = api_key or PLACEHOLDER_API_KEY
+        self._max_retries = max_retries
+        self._retry_base_delay = retry_base_delay
+        self._retry_max_delay = retry_max_delay
+        self._client = openai.AsyncOpenAI(
+            api_key=self._api_key,
+            base_url=base_url,
+            timeout=openai.Timeout(timeout, connect=min(timeout, _MAX_CONNECT_TIMEOUT)),
+            max_retries=0,  # ours are the only retries: see the module docstring
+        )
+        self._where = _redact_url(str(self._client.base_url))
+
+    async def aclose(self) -> None:
+        """Release the HTTP connection pool."""
+        await self._client.close()
+
+    async def complete(
+        self,
+        *,
+        model: str,
+        instructions: str,
+        messages: Sequence[LLMMessage],
+        on_delta: DeltaCallback | None = None,
+        stop_at_helpers: bool = True,
+    ) -> LLMResponse:
+        """Stream one completion, retrying transient failures that happen before any text.
+
+        Usage comes from the stream's usage event. When the server sends none (some local servers,
+        or a stream closed early at `</helpers>` before the usage event), tokens are estimated as
+        characters // 4 rather than reported as 0, so budgets and metrics stay meaningful.
+        """
+        attempt = 0
+        while True:
+            collector = TextCollector(on_delta=on_delta, stop_at_helpers=stop_at_helpers)
+            outcome = StreamOutcome()
+            try:
+                await self._stream_once(
+                    model=model,
+                    instructions=instructions,
+                    messages=messages,
+                    stop_at_helpers=stop_at_helpers,
+                    collector=collector,
+                    outcome=outcome,
+                )
+            except LLMError as err:
+                can_retry = err.code in ("llm_unavailable", "llm_rate_limited")
+                if not can_retry or collector.received or attempt >= self._max_retries:
+                    raise self._final_error(err, attempts=attempt + 1, mid_stream=collector.received)
+                retry_after = err.retry_after if isinstance(err, _StatusError) else None
+                await asyncio.sleep(self._backoff(attempt, retry_after=retry_after))
+                attempt += 1
+                continue
+            return self._response(
+                collector=collector, outcome=outcome, instructions=instructions, messages=messages
+            )
+
+    @abstractmethod
+    async def _stream_once(
+        self,
+        *,
+        model: str,
+        instructions: str,
+        messages: Sequence[LLMMessage],
+        stop_at_helpers: bool,
+        collector: TextCollector,
+        outcome: StreamOutcome,
+    ) -> None:
+        """Make one request and read its stream into `collector` and `outcome`.
+
+        Raises `LLMError` (through `self.map_error`) for anything that went wrong on the wire.
+        """
+
+    def _response(
+        self,
+        *,
+        collector: TextCollector,
+        outcome: StreamOutcome,
+        instructions: str,
+        messages: Sequence[LLMMessage],
+    ) -> LLMResponse:
+        text = collector.text
+        if not text and not outcome.finished and not collector.stopped_at_helpers:
+            raise LLMError(
+                "llm_bad_response",
+                f"The {self.api_name} stream from {self._where} ended without any text "
+                "or completion event.",
+                retryable=False,
+            )
+        input_tokens = outcome.input_tokens
+        if input_tokens is None:
+            input_tokens = estimate_tokens(prompt_chars(instructions, messages))
+        output_tokens = outcome.output_tokens
+        if output_tokens is None:
+            output_tokens = estimate_tokens(len(text))
+        return LLMResponse(
+            text=text,
+            usage=LLMUsage(input_tokens=input_tokens, output_tokens=output_tokens),
+            stopped_at_helpers=collector.stopped_at_helpers,
+        )
+
+    async def read_events(self, stream: openai.AsyncStream[Any]) -> AsyncIterator[Any]:
+        """Iterate a stream, turning wire failures into `LLMError` and always closing it.
+
+        Only the SDK's own work is guarded: an exception raised by the caller's `on_delta` while
+        the consumer handles an event is not re-labelled as an LLM failure.
+        """
+        iterator = stream.__aiter__()
+        try:
+            while True:
+                try:
+                    event = await iterator.__anext__()
+                except StopAsyncIteration:
+                    return
+                except Exception as exc:
+                    raise self.map_error(exc) from exc
+                yield event
+        finally:
+            await stream.close()
+
+    def map_error(self, exc: BaseException) -> LLMError:
+        """Turn an SDK, transport or decoding failure into an `LLMError` with a stable code."""
+        if isinstance(exc, LLMError):
+            return exc
+        if isinstance(exc, openai.APIStatusError):
+            return self._status_error(exc)
+        if isinstance(exc, openai.APITimeoutError):
+            return LLMError(
+                "llm_unavailable", f"The LLM server at {self._where} timed out.", retryable=True
+            )
+        if isinstance(exc, openai.APIConnectionError):
+            reason = _connection_reason(exc)
+            return LLMError(
+                "llm_unavailable",
+                f"Could not reach the LLM server at {self._where}{reason}.",
+                retryable=True,
+            )
+        if isinstance(exc, openai.APIResponseValidationError):
+            return LLMError(
+                "llm_bad_response",
+                f"The LLM server at {self._where} sent a response that does not fit the "
+                f"{self.api_name} schema.",
+                retryable=False,
+            )
+        if isinstance(exc, openai.APIError):
+            # An error object in the middle of a stream: the server failed after accepting the call.
+            return LLMError(
+                "llm_unavailable",
+                f"The LLM server at {self._where} reported an error: {self.clean(exc.message)}",
+                retryable=True,
+            )
+        if isinstance(exc, (ValueError, pydantic.ValidationError, UnicodeDecodeError)):
+            return LLMError(
+                "llm_bad_response",
+                f"The LLM server at {self._where} sent a stream that is not valid "
+                f"{self.api_name} server-sent events (JSON expected).",
+                retryable=False,
+            )
+        return LLMError(
+            "llm_unavailable",
+            f"The call to the LLM server at {self._where} failed ({type(exc).__name__}).",
+            retryable=True,
+        )
+
+    def _status_error(self, exc: openai.APIStatusError) -> LLMError:
+        status = exc.status_code
+        detail = _error_detail(exc.body)
+        suffix = f": {self.clean(detail)}" if detail else "."
+        retry_after = _retry_after_seconds(exc)
+        if status == 429:
+            return _StatusError(
+                "llm_rate_limited",
+                f"The LLM server at {self._where} is rate limiting requests (HTTP 429){suffix}",
+                retryable=True,
+                retry_after=retry_after,
+            )
+        if status >= 500 or status in (408, 409):
+            return _StatusError(
+                "llm_unavailable",
+                f"The LLM server at {self._where} failed (HTTP {status}){suffix}",
+                retryable=True,
+                retry_after=retry_after,
+            )
+        if status in (401, 403):
+            # The service's credentials are wrong: not the API client's fault, not fixed by retrying.
+            return LLMError(
+                "llm_unavailable",
+                f"The LLM server at {self._where} refused the configured API key "
+                f"(HTTP {status}){suffix}",
+                retryable=False,
+            )
+        return LLMError(
+            "llm_bad_request",
+            f"The LLM server at {self._where} rejected the request (HTTP {status}){suffix}",
+            retryable=False,
+        )
+
+    def _final_error(self, err: LLMError, *, attempts: int, mid_stream: bool) -> LLMError:
+        if mid_stream and err.code in ("llm_unavailable", "llm_rate_limited"):
+            return LLMError(
+                "llm_unavailable",
+                f"The {self.api_name} stream broke off after text had been received: "
+                f"{err.message}",
+                retryable=True,
+            )
+        if attempts > 1:
+            return LLMError(
+                err.code, f"{err.message} (gave up after {attempts} attempts)", retryable=err.retryable
+            )
+        return err
+
+    def _backoff(self, attempt: int, *, retry_after: float | None) -> float:
+        """Exponential backoff with equal jitter; a server's Retry-After wins when it is longer."""
+        ceiling = min(self._retry_base_delay * 2**attempt, self._retry_max_delay)
+        delay = ceiling / 2 + random.uniform(0, ceiling / 2)
+        if retry_after is not None:
+            delay = max(delay, min(retry_after, self._retry_max_delay))
+        return delay
+
+    def clean(self, text: str) -> str:
+        """One readable line, never containing the API key."""
+        line = " ".join(text.split())
+        if self._api_key != PLACEHOLDER_API_KEY:
+            line = line.replace(self._api_key, "***")
+        if len(line) > _MAX_DETAIL_CHARS:
+            line = line[: _MAX_DETAIL_CHARS - 1] + "…"
+        return line
+
+
+class _StatusError(LLMError):
+    """An HTTP error status, remembering the server's Retry-After for the backoff."""
+
+    def __init__(
+        self, code: LLMErrorCode, message: str, *, retryable: bool, retry_after: float | None
+    ) -> None:
+        super().__init__(code, message, retryable=retryable)
+        self.retry_after = retry_after
+
+
+def _error_detail(body: object) -> str:
+    """The human part of an error body: `{"error": {"message": ...}}`, `{"message": ...}` or text."""
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict):
+            message = inner.get("message") or inner.get("detail")
+            return message if isinstance(message, str) else ""
+        return inner if isinstance(inner, str) else ""
+    if isinstance(body, str):
+        return body
+    return ""
+
+
+def _retry_after_seconds(exc: openai.APIStatusError) -> float | None:
+    value = exc.response.headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None  # an HTTP date: rare for LLM servers, the backoff is good enough
+    return seconds if seconds >= 0 else None
+
+
+def _connection_reason(exc: openai.APIConnectionError) -> str:
+    """A short cause such as ' (connection refused)', found along the exception chain."""
+    seen: BaseException | None = exc.__cause__ or exc.__context__
+    while seen is not None:
+        if isinstance(seen, ConnectionRefusedError):
+            return " (connection refused)"
+        text = str(seen).lower()
+        if "refused" in text:
+            return " (connection refused)"
+        if "name or service not known" in text or "nodename nor servname" in text:
+            return " (unknown host)"
+        if "reset" in text:
+            return " (connection reset)"
+        if "incomplete" in text or "closed" in text or "disconnected" in text:
+            return " (connection closed by the server)"
+        seen = seen.__cause__ or seen.__context__
+    return ""
+
+
+def _redact_url(url: str) -> str:
+    """The base URL without credentials or query, safe to show to API clients."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path.rstrip("/"), "", ""))

@@ -1,0 +1,75 @@
+"""Transcript messages: parts discriminated on ``kind``, stored and served through one adapter."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Field, TypeAdapter
+
+Role = Literal["user", "assistant"]
+
+
+class TextPart(BaseModel):
+    """Plain text: the user's input or the model's prose around a block."""
+
+    kind: Literal["text"] = "text"
+    text: str
+
+
+class HelpersPart(BaseModel):
+    """A ``<helpers>`` block the model wrote."""
+
+    kind: Literal["helpers"] = "helpers"
+    code: str
+    closed: bool = True
+
+
+class HelpersResultPart(BaseModel):
+    """What running a block produced, exactly as the model was shown it."""
+
+    kind: Literal["helpers_result"] = "helpers_result"
+    status: Literal["ok", "error", "limit", "suspended"]
+    text: str
+    dropped: list[str] = Field(default_factory=list)
+
+
+class ToolCallPart(BaseModel):
+    """An external tool call the code made; the turn paused on it."""
+
+    kind: Literal["tool_call"] = "tool_call"
+    id: str
+    name: str
+    arguments: dict[str, Any]
+    code: str | None = None
+
+
+class ToolResultPart(BaseModel):
+    """The caller's answer to an external tool call."""
+
+    kind: Literal["tool_result"] = "tool_result"
+    tool_call_id: str
+    output: Any = None
+    error: str | None = None
+
+
+Part = Annotated[
+    TextPart | HelpersPart | HelpersResultPart | ToolCallPart | ToolResultPart,
+    Field(discriminator="kind"),
+]
+PARTS = TypeAdapter(list[Part])
+
+
+class TranscriptMessage(BaseModel):
+    """One message of the transcript as the turn loop builds it (before it gets an id)."""
+
+    role: Role
+    parts: list[Part]
+
+    def dump_parts(self) -> list[dict[str, Any]]:
+        """The parts as JSON-ready dicts for the store."""
+        return PARTS.dump_python(self.parts, mode="json")
+
+
+def load_parts(raw: list[Any]) -> list[Part]:
+    """Parts read back from the store (validated, so a bad row fails loudly)."""
+    return PARTS.validate_python(raw)
