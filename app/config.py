@@ -49,6 +49,7 @@ class Settings(BaseSettings):
     max_output_chars: int = Field(default=8_000, ge=100)
 
     runtime_workers: int = Field(default=2, ge=1, le=64)
+    runtime_preload: str = "numpy,pandas,matplotlib"
     block_cpu_seconds: float = 10.0
     block_memory_mb: int = 2048
     block_wall_clock_seconds: float = 30.0
@@ -84,6 +85,11 @@ class Settings(BaseSettings):
     def workspaces_dir(self) -> Path:
         """Parent of the per-conversation working directories of the sandbox."""
         return self.data_dir / "workspaces"
+
+    @property
+    def preload_modules(self) -> tuple[str, ...]:
+        """Modules the sandbox workers import once, before any block runs."""
+        return tuple(m.strip() for m in self.runtime_preload.split(",") if m.strip())
 
     def static_api_keys(self) -> dict[str, str]:
         """``SABRE_API_KEYS`` parsed as ``{key: tenant}``; malformed pairs are a start-up error."""

@@ -22,12 +22,19 @@ async def helpers(ctx: HelperContext, args: list[Any], kwargs: dict[str, Any]) -
         if not found:
             return f"No helper matches {term!r}. Call helpers() to list them all."
         return "\n".join(spec.render() for spec in found)
-    return "\n".join(f"{s.signature}: {s.doc.strip().splitlines()[0]}" for s in specs)
+    return "\n".join(f"{s.signature}: {_summary(s.doc)}" for s in specs)
+
+
+def _summary(doc: str) -> str:
+    """The first sentence of a helper's docs."""
+    text = " ".join(doc.split())
+    head, dot, _ = text.partition(". ")
+    return head + dot.strip()
 
 
 SPEC = HelperSpec(
     name="helpers",
-    signature='helpers(term: str | None = None) -> str',
+    signature="helpers(term: str | None = None) -> str",
     doc="""
 List the helpers available in this runtime (signature and summary), or with a search term the
 full documentation of the helpers whose name or description mentions it.

@@ -49,13 +49,13 @@ async def llm_call(ctx: HelperContext, args: list[Any], kwargs: dict[str, Any]) 
 SPEC = HelperSpec(
     name="llm_call",
     signature="llm_call(expr_list: list | str, instructions: str) -> str",
-    doc='''
+    doc="""
 Ask the model to analyse, summarise, extract or compare, over the data you pass.
 `expr_list` is a value or a list of values (strings, numbers, dicts, lists); `instructions` says
 what to do with them. Returns the model's answer as a string.
 Example:
     summary = llm_call([article_text], "Summarise in three bullet points")
-''',
+""",
     runs="parent",
     handler=llm_call,
 )

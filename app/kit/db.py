@@ -9,7 +9,12 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 from sqlalchemy import JSON, DateTime, Dialect, MetaData, TypeDecorator, event
 from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
 from sqlalchemy.orm import DeclarativeBase
 
 NAMING_CONVENTION = {
@@ -88,4 +93,3 @@ async def get_session(request: Request) -> AsyncIterator[AsyncSession]:
 
 
 Session = Annotated[AsyncSession, Depends(get_session)]
-

@@ -144,9 +144,7 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = _clean_validation_errors(exc.errors())
         if any(e["type"] == "json_invalid" for e in errors):
-            problem = InvalidJSON("The request body is not valid JSON.").to_problem(
-                instance=request.url.path
-            )
+            problem = InvalidJSON("The request body is not valid JSON.").to_problem(instance=request.url.path)
             problem.errors = errors
             return problem_response(problem)
         first = errors[0] if errors else {"loc": [], "msg": "invalid request"}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import random
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any, Final
 from urllib.parse import urlsplit, urlunsplit
 
@@ -166,9 +166,8 @@ class OpenAICompatibleClient(ABC):
                     outcome=outcome,
                 )
             except LLMError as err:
-                can_retry = err.code in ("llm_unavailable", "llm_rate_limited")
-                if not can_retry or collector.received or attempt >= self._max_retries:
-                    raise self._final_error(err, attempts=attempt + 1, mid_stream=collector.received)
+                if not err.retryable or collector.received or attempt >= self._max_retries:
+                    raise self._final_error(err, attempts=attempt + 1, mid_stream=collector.received) from err
                 retry_after = err.retry_after if isinstance(err, _StatusError) else None
                 await asyncio.sleep(self._backoff(attempt, retry_after=retry_after))
                 attempt += 1
@@ -205,8 +204,7 @@ class OpenAICompatibleClient(ABC):
         if not text and not outcome.finished and not collector.stopped_at_helpers:
             raise LLMError(
                 "llm_bad_response",
-                f"The {self.api_name} stream from {self._where} ended without any text "
-                "or completion event.",
+                f"The {self.api_name} stream from {self._where} ended without any text or completion event.",
                 retryable=False,
             )
         input_tokens = outcome.input_tokens
@@ -221,7 +219,7 @@ class OpenAICompatibleClient(ABC):
             stopped_at_helpers=collector.stopped_at_helpers,
         )
 
-    async def read_events(self, stream: openai.AsyncStream[Any]) -> AsyncIterator[Any]:
+    async def read_events(self, stream: openai.AsyncStream[Any]) -> AsyncGenerator[Any, None]:
         """Iterate a stream, turning wire failures into `LLMError` and always closing it.
 
         Only the SDK's own work is guarded: an exception raised by the caller's `on_delta` while
@@ -247,9 +245,7 @@ class OpenAICompatibleClient(ABC):
         if isinstance(exc, openai.APIStatusError):
             return self._status_error(exc)
         if isinstance(exc, openai.APITimeoutError):
-            return LLMError(
-                "llm_unavailable", f"The LLM server at {self._where} timed out.", retryable=True
-            )
+            return LLMError("llm_unavailable", f"The LLM server at {self._where} timed out.", retryable=True)
         if isinstance(exc, openai.APIConnectionError):
             reason = _connection_reason(exc)
             return LLMError(
@@ -304,11 +300,10 @@ class OpenAICompatibleClient(ABC):
                 retry_after=retry_after,
             )
         if status in (401, 403):
-            # The service's credentials are wrong: not the API client's fault, not fixed by retrying.
+            # The service's own key is wrong: not the API client's fault, and retrying won't help.
             return LLMError(
                 "llm_unavailable",
-                f"The LLM server at {self._where} refused the configured API key "
-                f"(HTTP {status}){suffix}",
+                f"The LLM server at {self._where} refused the configured API key (HTTP {status}){suffix}",
                 retryable=False,
             )
         return LLMError(
@@ -321,19 +316,20 @@ class OpenAICompatibleClient(ABC):
         if mid_stream and err.code in ("llm_unavailable", "llm_rate_limited"):
             return LLMError(
                 "llm_unavailable",
-                f"The {self.api_name} stream broke off after text had been received: "
-                f"{err.message}",
+                f"The {self.api_name} stream broke off after text had been received: {err.message}",
                 retryable=True,
             )
         if attempts > 1:
             return LLMError(
-                err.code, f"{err.message} (gave up after {attempts} attempts)", retryable=err.retryable
+                err.code,
+                f"{err.message} (gave up after {attempts} attempts)",
+                retryable=err.retryable,
             )
         return err
 
     def _backoff(self, attempt: int, *, retry_after: float | None) -> float:
         """Exponential backoff with equal jitter; a server's Retry-After wins when it is longer."""
-        ceiling = min(self._retry_base_delay * 2**attempt, self._retry_max_delay)
+        ceiling = min(self._retry_base_delay * 2.0**attempt, self._retry_max_delay)
         delay = ceiling / 2 + random.uniform(0, ceiling / 2)
         if retry_after is not None:
             delay = max(delay, min(retry_after, self._retry_max_delay))
@@ -360,7 +356,7 @@ class _StatusError(LLMError):
 
 
 def _error_detail(body: object) -> str:
-    """The human part of an error body: `{"error": {"message": ...}}`, `{"message": ...}` or text."""
+    """The human part of an error body: `{"error": {"message": ...}}`, `{"message": ...}`, text."""
     if isinstance(body, dict):
         inner = body.get("error", body)
         if isinstance(inner, dict):

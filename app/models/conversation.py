@@ -41,3 +41,7 @@ class Conversation(Base):
     iterations: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+    # Every ORM update checks the version it read: a turn whose lease expired cannot overwrite the
+    # turn that took over. The service increments it, once per turn.
+    __mapper_args__ = {"version_id_col": version, "version_id_generator": False}  # noqa: RUF012

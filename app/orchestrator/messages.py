@@ -67,7 +67,8 @@ class TranscriptMessage(BaseModel):
 
     def dump_parts(self) -> list[dict[str, Any]]:
         """The parts as JSON-ready dicts for the store."""
-        return PARTS.dump_python(self.parts, mode="json")
+        dumped: list[dict[str, Any]] = PARTS.dump_python(self.parts, mode="json")
+        return dumped
 
 
 def load_parts(raw: list[Any]) -> list[Part]:

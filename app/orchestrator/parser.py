@@ -41,9 +41,10 @@ class HelpersStreamParser:
             if index < 0:
                 # Emit what cannot be the start of a tag; keep a possible partial tag buffered.
                 keep = _partial_suffix(self._buffer, tag)
-                ready, self._buffer = self._buffer[: len(self._buffer) - keep], self._buffer[
-                    len(self._buffer) - keep :
-                ]
+                ready, self._buffer = (
+                    self._buffer[: len(self._buffer) - keep],
+                    self._buffer[len(self._buffer) - keep :],
+                )
                 if ready and not self._in_block:
                     produced.append(Segment("text", ready))
                 elif ready:

@@ -71,9 +71,7 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_conversations")),
     )
     with op.batch_alter_table("conversations", schema=None) as batch_op:
-        batch_op.create_index(
-            "ix_conversations_tenant_created", ["tenant", "created_at"], unique=False
-        )
+        batch_op.create_index("ix_conversations_tenant_created", ["tenant", "created_at"], unique=False)
 
     op.create_table(
         "idempotency_records",

@@ -1,0 +1,95 @@
+"""All SQL of the conversations domain."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from sqlalchemy import delete, or_, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.models import Conversation, Message, Turn
+
+
+class ConversationRepository:
+    """Queries over conversations, their messages and turns; every read is scoped by tenant."""
+
+    def __init__(self, session: AsyncSession) -> None:
+        self.session = session
+
+    async def get(self, *, tenant: str, conversation_id: str) -> Conversation | None:
+        """The tenant's conversation, or None (another tenant's id is the same as no id)."""
+        result = await self.session.execute(
+            select(Conversation).where(Conversation.id == conversation_id, Conversation.tenant == tenant)
+        )
+        return result.scalar_one_or_none()
+
+    def add(self, conversation: Conversation) -> None:
+        """Stage a new conversation."""
+        self.session.add(conversation)
+
+    async def delete(self, conversation: Conversation) -> None:
+        """Delete a conversation and everything it owns (messages and turns cascade)."""
+        await self.session.execute(delete(Message).where(Message.conversation_id == conversation.id))
+        await self.session.execute(delete(Turn).where(Turn.conversation_id == conversation.id))
+        await self.session.delete(conversation)
+
+    async def messages(
+        self, *, conversation_id: str, after: int = -1, limit: int | None = None
+    ) -> Sequence[Message]:
+        """Messages in order, from ``seq > after``, at most ``limit``."""
+        query = (
+            select(Message)
+            .where(Message.conversation_id == conversation_id, Message.seq > after)
+            .order_by(Message.seq)
+        )
+        if limit is not None:
+            query = query.limit(limit)
+        return (await self.session.execute(query)).scalars().all()
+
+    def add_all(self, rows: Sequence[Message | Turn]) -> None:
+        """Stage new messages and turns."""
+        self.session.add_all(rows)
+
+    async def try_lock(
+        self, *, conversation_id: str, turn_id: str, now: datetime, expires_at: datetime
+    ) -> bool:
+        """Take the conversation's database lock if it is free or its lease expired."""
+        result = await self.session.execute(
+            update(Conversation)
+            .where(
+                Conversation.id == conversation_id,
+                or_(Conversation.lock_turn_id.is_(None), Conversation.lock_expires_at < now),
+            )
+            .values(lock_turn_id=turn_id, lock_expires_at=expires_at)
+            .execution_options(synchronize_session=False)
+        )
+        return bool(getattr(result, "rowcount", 0))
+
+    async def lock_holder(self, *, conversation_id: str, now: datetime) -> str | None:
+        """The turn holding a live database lock on the conversation, if any."""
+        result = await self.session.execute(
+            select(Conversation.lock_turn_id).where(
+                Conversation.id == conversation_id, Conversation.lock_expires_at >= now
+            )
+        )
+        return result.scalar_one_or_none()
+
+    async def renew_lock(self, *, conversation_id: str, turn_id: str, expires_at: datetime) -> bool:
+        """Extend the lease of a lock this turn holds."""
+        result = await self.session.execute(
+            update(Conversation)
+            .where(Conversation.id == conversation_id, Conversation.lock_turn_id == turn_id)
+            .values(lock_expires_at=expires_at)
+            .execution_options(synchronize_session=False)
+        )
+        return bool(getattr(result, "rowcount", 0))
+
+    async def unlock(self, *, conversation_id: str, turn_id: str) -> None:
+        """Release the lock if this turn still holds it."""
+        await self.session.execute(
+            update(Conversation)
+            .where(Conversation.id == conversation_id, Conversation.lock_turn_id == turn_id)
+            .values(lock_turn_id=None, lock_expires_at=None)
+            .execution_options(synchronize_session=False)
+        )

@@ -1,0 +1,101 @@
+"""LLM client over Chat Completions (`POST /v1/chat/completions`), always streaming.
+
+This is the API local and proxy servers speak (vLLM, Ollama, llama.cpp, LiteLLM). The request
+carries `stop=["</helpers>"]`, so a conforming server stops by itself and drops the stop string; the
+client then puts the tag back. A server that ignores `stop` is cut on the client side instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import aclosing
+
+from openai import omit
+from openai.types.chat import (
+    ChatCompletionAssistantMessageParam,
+    ChatCompletionChunk,
+    ChatCompletionContentPartImageParam,
+    ChatCompletionContentPartTextParam,
+    ChatCompletionMessageParam,
+    ChatCompletionSystemMessageParam,
+    ChatCompletionUserMessageParam,
+)
+
+from app.llm.base import HELPERS_CLOSE, HELPERS_OPEN, LLMMessage
+from app.llm.openai_common import OpenAICompatibleClient, StreamOutcome, TextCollector
+
+
+def to_chat_messages(instructions: str, messages: Sequence[LLMMessage]) -> list[ChatCompletionMessageParam]:
+    """Instructions as a leading system message, then the messages; images as `image_url` parts."""
+    out: list[ChatCompletionMessageParam] = []
+    if instructions:
+        out.append(ChatCompletionSystemMessageParam(role="system", content=instructions))
+    for message in messages:
+        if message.role == "system":
+            out.append(ChatCompletionSystemMessageParam(role="system", content=message.content))
+        elif message.role == "assistant":
+            out.append(ChatCompletionAssistantMessageParam(role="assistant", content=message.content))
+        elif message.images:
+            parts: list[ChatCompletionContentPartTextParam | ChatCompletionContentPartImageParam] = [
+                {"type": "text", "text": message.content}
+            ]
+            parts.extend({"type": "image_url", "image_url": {"url": url}} for url in message.images)
+            out.append(ChatCompletionUserMessageParam(role="user", content=parts))
+        else:
+            out.append(ChatCompletionUserMessageParam(role="user", content=message.content))
+    return out
+
+
+def has_unclosed_helpers(text: str) -> bool:
+    """True when the last `<helpers>` in the text has no `</helpers>` after it."""
+    opened = text.rfind(HELPERS_OPEN)
+    return opened >= 0 and text.find(HELPERS_CLOSE, opened) < 0
+
+
+class ChatClient(OpenAICompatibleClient):
+    """`LLMClient` over Chat Completions (OpenAI-compatible servers)."""
+
+    api_name = "Chat Completions"
+
+    async def _stream_once(
+        self,
+        *,
+        model: str,
+        instructions: str,
+        messages: Sequence[LLMMessage],
+        stop_at_helpers: bool,
+        collector: TextCollector,
+        outcome: StreamOutcome,
+    ) -> None:
+        try:
+            stream = await self._client.chat.completions.create(
+                model=model,
+                messages=to_chat_messages(instructions, messages),
+                stream=True,
+                stream_options={"include_usage": True},
+                stop=[HELPERS_CLOSE] if stop_at_helpers else omit,
+            )
+        except Exception as exc:
+            raise self.map_error(exc) from exc
+
+        finish_reason: str | None = None
+        async with aclosing(self.read_events(stream)) as events:
+            async for chunk in events:
+                if not isinstance(chunk, ChatCompletionChunk):
+                    continue
+                if chunk.usage is not None:
+                    outcome.input_tokens = chunk.usage.prompt_tokens
+                    outcome.output_tokens = chunk.usage.completion_tokens
+                    outcome.finished = True
+                for choice in chunk.choices:
+                    if choice.index != 0:
+                        continue
+                    if choice.delta.content and await collector.feed(choice.delta.content):
+                        return  # the server ignored `stop`: closing the stream ends generation
+                    if choice.finish_reason is not None:
+                        finish_reason = choice.finish_reason
+                        outcome.finished = True
+
+        # A conforming server drops the stop string; put it back so the block is well formed.
+        if stop_at_helpers and finish_reason == "stop" and has_unclosed_helpers(collector.text):
+            await collector.append_closing_tag()

@@ -1,0 +1,148 @@
+"""The application factory; the lifespan owns engines, the Redis client, the LLM client and the pool."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import structlog
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from redis.asyncio import Redis
+from sqlalchemy import text
+
+from app.auth.repository import ApiKeyRepository
+from app.auth.service import Authenticator
+from app.config import Settings, is_loopback
+from app.conversations.endpoints import router as conversations_router
+from app.conversations.locks import ConversationLocks, DatabaseLocks, RedisLocks
+from app.kit import migrate
+from app.kit.body_limit import BodyLimitMiddleware
+from app.kit.db import create_engine, create_sessionmaker
+from app.kit.errors import ServiceUnavailable, install_error_handlers, problem_response
+from app.kit.redis import create_redis
+from app.llm import make_llm_client
+from app.orchestrator.loop import TurnLoop
+from app.personas.loader import load_personas
+from app.runtime import RuntimePool
+
+log = structlog.get_logger(__name__)
+
+VERSION = "0.1.0"
+
+
+class StartupError(RuntimeError):
+    """The service refuses to start; the message says why and how to fix it."""
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """Open every shared resource once per process, close them on shutdown."""
+    settings: Settings = app.state.settings
+    static_keys = settings.static_api_keys()
+    personas = load_personas()
+
+    if settings.is_sqlite:
+        # The embedded store upgrades itself; PostgreSQL is upgraded with `sabre migrate`.
+        await migrate.upgrade(settings.effective_database_url)
+    engine = create_engine(settings.effective_database_url)
+    sessionmaker = create_sessionmaker(engine)
+
+    async with sessionmaker() as session:
+        stored_keys = await ApiKeyRepository(session).count_live()
+    open_mode = not static_keys and stored_keys == 0
+    if open_mode and not is_loopback(settings.host):
+        await engine.dispose()
+        raise StartupError(
+            f"No API keys are configured, so SABRE only listens on a loopback address, not "
+            f"{settings.host!r}. Set SABRE_API_KEYS=tenant:key or run `sabre keys create`."
+        )
+
+    redis: Redis | None = create_redis(settings.redis_url) if settings.redis_url else None
+    locks: ConversationLocks = (
+        RedisLocks(redis, lease_seconds=settings.lock_lease_seconds)
+        if redis is not None
+        else DatabaseLocks(sessionmaker, lease_seconds=settings.lock_lease_seconds)
+    )
+    llm = make_llm_client(
+        api=settings.llm_api,
+        base_url=settings.openai_base_url,
+        api_key=settings.openai_api_key.get_secret_value() if settings.openai_api_key else None,
+        timeout=settings.llm_timeout_seconds,
+        max_retries=settings.llm_max_retries,
+        retry_base_delay=settings.llm_retry_base_delay,
+    )
+    pool = RuntimePool(size=settings.runtime_workers, preload=settings.preload_modules)
+    await pool.start()
+
+    app.state.engine = engine
+    app.state.sessionmaker = sessionmaker
+    app.state.redis = redis
+    app.state.locks = locks
+    app.state.personas = personas
+    app.state.authenticator = Authenticator(static_keys=static_keys, open_mode=open_mode)
+    app.state.pool = pool
+    app.state.llm = llm
+    app.state.turn_loop = TurnLoop(llm=llm, pool=pool, max_output_chars=settings.max_output_chars)
+    log.info(
+        "sabre_started",
+        store="sqlite" if settings.is_sqlite else "postgresql",
+        redis=redis is not None,
+        auth="open (loopback only)" if open_mode else "api keys",
+        llm_api=settings.llm_api,
+    )
+    try:
+        yield
+    finally:
+        await pool.aclose()
+        await llm.aclose()
+        if redis is not None:
+            await redis.aclose()
+        await engine.dispose()
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the app; every dependency it needs comes from ``settings`` (default: the environment)."""
+    app = FastAPI(
+        title="SABRE",
+        version=VERSION,
+        summary="Run LLM agents that act by writing Python, over HTTP.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings or Settings()
+    install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=app.state.settings.max_body_bytes)
+    app.include_router(conversations_router)
+
+    @app.get("/healthz", tags=["health"])
+    async def healthz() -> dict[str, str]:
+        """Liveness: the process answers."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["health"])
+    async def readyz(request: Request) -> Any:
+        """Readiness: the store and (when configured) Redis answer, and the sandbox pool is up."""
+        state = request.app.state
+        checks: dict[str, str] = {}
+        try:
+            async with state.engine.connect() as connection:
+                await connection.execute(text("SELECT 1"))
+            checks["store"] = "ok"
+        except Exception as exc:
+            checks["store"] = f"error: {type(exc).__name__}"
+        if state.redis is not None:
+            try:
+                await state.redis.ping()
+                checks["redis"] = "ok"
+            except Exception as exc:
+                checks["redis"] = f"error: {type(exc).__name__}"
+        if all(value == "ok" for value in checks.values()):
+            return JSONResponse({"status": "ok", "checks": checks})
+        problem = ServiceUnavailable(
+            "Not ready: " + ", ".join(f"{k} {v}" for k, v in checks.items() if v != "ok")
+        ).to_problem(instance="/readyz")
+        problem.current = checks
+        return problem_response(problem)
+
+    return app

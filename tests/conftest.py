@@ -1,0 +1,144 @@
+"""Shared fixtures: the stores (SQLite always; PostgreSQL and Redis when configured), the scripted
+LLM, and an app served over HTTP semantics.
+
+PostgreSQL and Redis come from ``SABRE_TEST_DATABASE_URL`` and ``SABRE_TEST_REDIS_URL``. Without them
+their tests are skipped on a developer machine; with ``SABRE_TEST_REQUIRE_SERVICES=1`` (what ``.ci/run``
+sets) a missing or unreachable service fails the run instead of skipping it.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+import redis.asyncio as aioredis
+
+from app.config import Settings
+from app.kit.migrate import upgrade
+from app.llm.scripted import ScriptedLLM
+from app.main import create_app
+
+PG_URL = os.environ.get("SABRE_TEST_DATABASE_URL", "")
+REDIS_URL = os.environ.get("SABRE_TEST_REDIS_URL", "")
+REQUIRE = os.environ.get("SABRE_TEST_REQUIRE_SERVICES") == "1"
+
+
+def _unavailable(what: str) -> None:
+    if REQUIRE:
+        pytest.fail(f"{what} is required (SABRE_TEST_REQUIRE_SERVICES=1) but is not available")
+    pytest.skip(f"{what} not configured")
+
+
+def _asyncpg_dsn(url: str) -> str:
+    return url.replace("postgresql+asyncpg://", "postgresql://")
+
+
+@pytest.fixture(scope="session")
+async def postgres_url() -> AsyncIterator[str]:
+    """A fresh, migrated PostgreSQL database for this test session, dropped at the end."""
+    if not PG_URL:
+        _unavailable("PostgreSQL (SABRE_TEST_DATABASE_URL)")
+    admin_dsn = _asyncpg_dsn(Settings(database_url=PG_URL).effective_database_url)
+    name = f"sabre_test_{secrets.token_hex(4)}"
+    try:
+        admin = await asyncpg.connect(admin_dsn, timeout=5)
+    except (OSError, asyncpg.PostgresError) as exc:
+        pytest.fail(f"PostgreSQL at {PG_URL} is unreachable: {exc}")
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    base = admin_dsn.rsplit("/", 1)[0]
+    url = f"postgresql+asyncpg://{base.split('://', 1)[1]}/{name}"
+    try:
+        await upgrade(url)
+        yield url
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+
+
+@pytest.fixture(scope="session")
+async def redis_url() -> AsyncIterator[str]:
+    """The configured Redis, checked to answer."""
+    if not REDIS_URL:
+        _unavailable("Redis (SABRE_TEST_REDIS_URL)")
+    client = aioredis.Redis.from_url(REDIS_URL)
+    try:
+        await client.ping()
+    except Exception as exc:
+        pytest.fail(f"Redis at {REDIS_URL} is unreachable: {exc}")
+    finally:
+        await client.aclose()
+    return REDIS_URL
+
+
+@pytest.fixture(scope="session")
+async def sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A migrated SQLite file shared by the session (ids are random, so tests do not collide)."""
+    url = f"sqlite+aiosqlite:///{tmp_path_factory.mktemp('store') / 'sabre.db'}"
+    await upgrade(url)
+    return url
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def store(request: pytest.FixtureRequest) -> dict[str, str | None]:
+    """The two stores every store-backed test runs on: SQLite alone, PostgreSQL with Redis."""
+    if request.param == "sqlite":
+        return {"database_url": request.getfixturevalue("sqlite_url"), "redis_url": None}
+    return {
+        "database_url": request.getfixturevalue("postgres_url"),
+        "redis_url": request.getfixturevalue("redis_url"),
+    }
+
+
+@pytest.fixture
+def llm() -> Iterator[ScriptedLLM]:
+    """A scripted OpenAI-compatible server on loopback, fresh for each test."""
+    with ScriptedLLM() as server:
+        yield server
+
+
+AppFactory = Callable[..., AbstractAsyncContextManager[httpx.AsyncClient]]
+
+
+@pytest.fixture
+def make_client(store: dict[str, str | None], llm: ScriptedLLM, tmp_path: Path) -> AppFactory:
+    """Build an app on the test's store and scripted LLM; settings can be overridden per call."""
+
+    @asynccontextmanager
+    async def _make(**overrides: Any) -> AsyncIterator[httpx.AsyncClient]:
+        values: dict[str, Any] = {
+            "database_url": store["database_url"],
+            "redis_url": store["redis_url"],
+            "data_dir": tmp_path / "data",
+            "openai_base_url": llm.base_url,
+            "openai_api_key": "sk-test-secret-key",
+            "llm_api": "chat",
+            "llm_retry_base_delay": 0.01,
+            "llm_max_retries": 1,
+            "model": "scripted-model",
+            "runtime_workers": 1,
+            "runtime_preload": "",
+            "block_wall_clock_seconds": 10,
+        }
+        values.update(overrides)
+        app = create_app(Settings(**values))
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+            async with httpx.AsyncClient(transport=transport, base_url="http://sabre.test") as client:
+                client.app = app  # type: ignore[attr-defined]
+                yield client
+
+    return _make
+
+
+@pytest.fixture
+async def client(make_client: AppFactory) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of an app with default test settings."""
+    async with make_client() as c:
+        yield c
