@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -12,6 +13,8 @@ from app.config import Settings, is_loopback
 cli = typer.Typer(help="SABRE: run LLM agents that act by writing Python, over HTTP.", no_args_is_help=True)
 keys = typer.Typer(help="Manage API keys (stored hashed).", no_args_is_help=True)
 cli.add_typer(keys, name="keys")
+personas = typer.Typer(help="Check and inspect persona files.", no_args_is_help=True)
+cli.add_typer(personas, name="personas")
 
 
 @cli.command()
@@ -76,6 +79,63 @@ def keys_create(tenant: Annotated[str, typer.Option(help="The tenant the key act
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--tenant") from exc
     typer.echo(secret)
+
+
+@cli.command()
+def openapi(
+    output: Annotated[str, typer.Option(help="Where to write the spec.")] = "openapi/openapi.json",
+) -> None:
+    """Write the OpenAPI spec the app serves (commit it; a test fails when it drifts)."""
+    from pathlib import Path
+
+    from app.main import openapi_json
+
+    Path(output).write_text(openapi_json(), encoding="utf-8")
+    typer.echo(f"wrote {output}")
+
+
+@personas.command("check")
+def personas_check(
+    paths: Annotated[
+        list[Path] | None,
+        typer.Argument(
+            help="Persona directories or files to check (default: what the service loads: the shipped "
+            "personas and SABRE_PERSONAS_DIR).",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Run the start-up checks on persona files; print OK or every problem (exit code 1)."""
+    from app.personas.loader import check_personas
+    from app.personas.service import persona_directories
+
+    targets = tuple(paths) if paths else persona_directories(Settings())
+    check = check_personas(*targets, require_default=not paths)
+    for problem in check.problems:
+        typer.echo(str(problem), err=problem.severity == "error")
+    if check.errors:
+        typer.echo(f"{len(check.errors)} problem(s) in persona files", err=True)
+        raise typer.Exit(code=1)
+    names = ", ".join(sorted(check.personas)) or "none"
+    typer.echo(f"OK: {len(check.personas)} persona(s): {names}")
+
+
+@personas.command("prompt")
+def personas_prompt(name: Annotated[str, typer.Argument(help="The persona whose prompt to print.")]) -> None:
+    """Print the system prompt a persona's conversations start with (no request tools)."""
+    from app.personas.loader import PersonaError
+    from app.personas.prompt import build_prompt
+    from app.personas.service import load_configured_personas
+
+    try:
+        loaded = load_configured_personas(Settings())
+    except PersonaError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(code=1) from None
+    if name not in loaded:
+        typer.echo(f"no persona {name!r}; available: {', '.join(sorted(loaded))}", err=True)
+        raise typer.Exit(code=1)
+    typer.echo(build_prompt(loaded[name]), nl=False)
 
 
 def main() -> None:

@@ -18,6 +18,12 @@ def _xdg_data_home() -> Path:
     return Path(base) / "sabre"
 
 
+def _xdg_personas_dir() -> Path:
+    """User personas (``$XDG_CONFIG_HOME/sabre/personas``, default ``~/.config/sabre/personas``)."""
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "sabre" / "personas"
+
+
 class Settings(BaseSettings):
     """Service configuration; every field maps to an environment variable (see README)."""
 
@@ -25,6 +31,7 @@ class Settings(BaseSettings):
 
     data_dir: Path = Field(default_factory=_xdg_data_home)
     database_url: str | None = None
+    personas_dir: Path = Field(default_factory=_xdg_personas_dir)
     redis_url: str | None = None
 
     openai_api_key: SecretStr | None = Field(

@@ -24,7 +24,8 @@ from app.kit.errors import ServiceUnavailable, install_error_handlers, problem_r
 from app.kit.redis import create_redis
 from app.llm import make_llm_client
 from app.orchestrator.loop import TurnLoop
-from app.personas.loader import load_personas
+from app.personas.endpoints import router as personas_router
+from app.personas.service import load_configured_personas
 from app.runtime import RuntimePool
 
 log = structlog.get_logger(__name__)
@@ -41,7 +42,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     """Open every shared resource once per process, close them on shutdown."""
     settings: Settings = app.state.settings
     static_keys = settings.static_api_keys()
-    personas = load_personas()
+    personas = load_configured_personas(settings)
 
     if settings.is_sqlite:
         # The embedded store upgrades itself; PostgreSQL is upgraded with `sabre migrate`.
@@ -114,6 +115,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=app.state.settings.max_body_bytes)
     app.include_router(conversations_router)
+    app.include_router(personas_router)
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, str]:
@@ -146,3 +148,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return problem_response(problem)
 
     return app
+
+
+def openapi_json() -> str:
+    """The app's OpenAPI document, serialised stably (sorted keys, trailing newline)."""
+    import json
+
+    return json.dumps(create_app(Settings()).openapi(), indent=2, sort_keys=True) + "\n"

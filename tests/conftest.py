@@ -86,7 +86,7 @@ async def sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
-async def store(request: pytest.FixtureRequest) -> dict[str, str | None]:
+def store(request: pytest.FixtureRequest) -> dict[str, str | None]:
     """The two stores every store-backed test runs on: SQLite alone, PostgreSQL with Redis."""
     if request.param == "sqlite":
         return {"database_url": request.getfixturevalue("sqlite_url"), "redis_url": None}

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Query, Request, Response, status
+from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response, status
+from fastapi.responses import JSONResponse
 
 from app.auth.dependencies import Tenant
 from app.conversations import schemas
 from app.conversations.service import ConversationService
 from app.kit.db import Session
-from app.kit.errors import Problem
+from app.kit.errors import PreconditionFailed, Problem
+from app.kit.idempotency import Idempotency, fingerprint
 
 ConversationId = Annotated[str, Path(max_length=64, description="A conversation id (`conv_…`).")]
 
@@ -35,22 +38,103 @@ def get_service(request: Request, session: Session) -> ConversationService:
 
 
 Service = Annotated[ConversationService, Depends(get_service)]
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        min_length=1,
+        max_length=255,
+        description="Retry-safe writes: the same key and body return the stored response.",
+    ),
+]
+IfMatch = Annotated[
+    str | None,
+    Header(alias="If-Match", max_length=32, description="Run only if the conversation is at this version."),
+]
+
+
+async def idempotency_for(request: Request, *, tenant: str, key: str | None) -> Idempotency | None:
+    """The request's idempotency handle, or None without a key."""
+    if key is None:
+        return None
+    return Idempotency(
+        sessionmaker=request.app.state.sessionmaker,
+        tenant=tenant,
+        key=key,
+        request_hash=fingerprint(method=request.method, path=request.url.path, body=await request.body()),
+    )
+
+
+async def run_idempotent(
+    idempotency: Idempotency | None,
+    work: Callable[[Idempotency | None], Awaitable[schemas.TurnOut]],
+    *,
+    status_code: int,
+) -> Response:
+    """Replay a stored response, or do the work with the key claimed (released again on failure)."""
+    if idempotency is not None:
+        stored = await idempotency.begin()
+        if stored is not None:
+            return JSONResponse(
+                stored.body, status_code=stored.status_code, headers={"Idempotent-Replayed": "true"}
+            )
+    try:
+        turn = await work(idempotency)
+    except BaseException:
+        if idempotency is not None:
+            await idempotency.abandon()
+        raise
+    return JSONResponse(turn.model_dump(mode="json"), status_code=status_code)
+
+
+def check_version(if_match: str | None, version: int) -> None:
+    """412 when the caller's If-Match names another version than the conversation's."""
+    if if_match is None:
+        return
+    wanted = if_match.strip().strip('"').removeprefix("W/").strip('"')
+    if wanted != str(version):
+        raise PreconditionFailed(
+            f"If-Match is {if_match!r} but the conversation is at version {version}.",
+            extra={"current": {"version": version}},
+        )
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=schemas.TurnOut)
 async def create_conversation(
-    body: schemas.CreateConversation, tenant: Tenant, service: Service
-) -> schemas.TurnOut:
+    request: Request,
+    body: schemas.CreateConversation,
+    tenant: Tenant,
+    service: Service,
+    idempotency_key: IdempotencyKey = None,
+) -> Response:
     """Create a conversation and run its first turn."""
-    return await service.create(tenant=tenant, body=body)
+    idempotency = await idempotency_for(request, tenant=tenant, key=idempotency_key)
+    return await run_idempotent(
+        idempotency,
+        lambda idem: service.create(tenant=tenant, body=body, idempotency=idem),
+        status_code=status.HTTP_201_CREATED,
+    )
 
 
 @router.post("/{conversation_id}/messages", response_model=schemas.TurnOut)
 async def post_message(
-    conversation_id: ConversationId, body: schemas.PostMessage, tenant: Tenant, service: Service
-) -> schemas.TurnOut:
+    request: Request,
+    conversation_id: ConversationId,
+    body: schemas.PostMessage,
+    tenant: Tenant,
+    service: Service,
+    idempotency_key: IdempotencyKey = None,
+    if_match: IfMatch = None,
+) -> Response:
     """Send the next user message and run a turn."""
-    return await service.post_message(tenant=tenant, conversation_id=conversation_id, body=body)
+    idempotency = await idempotency_for(request, tenant=tenant, key=idempotency_key)
+
+    async def work(idem: Idempotency | None) -> schemas.TurnOut:
+        conversation = await service.get(tenant=tenant, conversation_id=conversation_id)
+        check_version(if_match, conversation.version)
+        return await service.post_message(conversation, body=body, idempotency=idem)
+
+    return await run_idempotent(idempotency, work, status_code=status.HTTP_200_OK)
 
 
 @router.get("/{conversation_id}", response_model=schemas.ConversationOut)

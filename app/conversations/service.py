@@ -22,6 +22,7 @@ from app.conversations.repository import ConversationRepository
 from app.helpers import Usage
 from app.kit.clock import utcnow
 from app.kit.errors import Conflict, NotFound, PayloadTooLarge, Unprocessable
+from app.kit.idempotency import Idempotency
 from app.kit.ids import new_id
 from app.models import Conversation, Message, Turn
 from app.orchestrator.loop import TurnError, TurnInput, TurnLoop, TurnOutcome
@@ -110,7 +111,9 @@ class ConversationService:
 
     # -- writes --------------------------------------------------------------------------------
 
-    async def create(self, *, tenant: str, body: schemas.CreateConversation) -> schemas.TurnOut:
+    async def create(
+        self, *, tenant: str, body: schemas.CreateConversation, idempotency: Idempotency | None = None
+    ) -> schemas.TurnOut:
         """Create a conversation and run its first turn."""
         persona = self.personas.get(body.persona)
         if persona is None:
@@ -137,13 +140,18 @@ class ConversationService:
         )
         self.repo.add(conversation)
         await self.session.commit()
-        return await self._run_turn(conversation, turn_id=turn_id, user_input=body.input)
+        return await self._run_turn(
+            conversation, turn_id=turn_id, user_input=body.input, idempotency=idempotency, status_code=201
+        )
 
     async def post_message(
-        self, *, tenant: str, conversation_id: str, body: schemas.PostMessage
+        self,
+        conversation: Conversation,
+        *,
+        body: schemas.PostMessage,
+        idempotency: Idempotency | None = None,
     ) -> schemas.TurnOut:
         """Run a turn for the next user message."""
-        conversation = await self.get(tenant=tenant, conversation_id=conversation_id)
         self._check_input(body.input)
         if conversation.status == "awaiting_tool_results":
             raise Conflict(
@@ -151,7 +159,9 @@ class ConversationService:
                 f"/v1/conversations/{conversation.id}/tool-results first.",
                 extra={"current": {"status": conversation.status}},
             )
-        return await self._run_turn(conversation, turn_id=new_id("turn"), user_input=body.input)
+        return await self._run_turn(
+            conversation, turn_id=new_id("turn"), user_input=body.input, idempotency=idempotency
+        )
 
     async def delete(self, *, tenant: str, conversation_id: str) -> None:
         """Delete a conversation, its transcript, turns and working directory."""
@@ -169,7 +179,13 @@ class ConversationService:
     # -- the turn ------------------------------------------------------------------------------
 
     async def _run_turn(
-        self, conversation: Conversation, *, turn_id: str, user_input: str
+        self,
+        conversation: Conversation,
+        *,
+        turn_id: str,
+        user_input: str,
+        idempotency: Idempotency | None,
+        status_code: int = 200,
     ) -> schemas.TurnOut:
         holder = await self.locks.acquire(conversation.id, turn_id=turn_id)
         if holder is not None:
@@ -190,7 +206,14 @@ class ConversationService:
                 outcome = await self._run_loop(
                     conversation, turn_id=turn_id, history=history, user_input=user_input
                 )
-                return await self._persist(conversation, turn_id=turn_id, outcome=outcome)
+                turn = await self._persist(conversation, turn_id=turn_id, outcome=outcome)
+                if idempotency is not None:
+                    await idempotency.complete(
+                        self.session, status_code=status_code, body=turn.model_dump(mode="json")
+                    )
+                # Commit before the lock is released: the next turn must see this one's state.
+                await self.session.commit()
+                return turn
         finally:
             await self.locks.release(conversation.id, turn_id=turn_id)
 

@@ -3,6 +3,8 @@
 This is the API local and proxy servers speak (vLLM, Ollama, llama.cpp, LiteLLM). The request
 carries `stop=["</helpers>"]`, so a conforming server stops by itself and drops the stop string; the
 client then puts the tag back. A server that ignores `stop` is cut on the client side instead.
+Events are the SDK's `ChatCompletionChunk`, read as plain dicts (see
+`OpenAICompatibleClient.stream_events` for why).
 """
 
 from __future__ import annotations
@@ -10,10 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from contextlib import aclosing
 
-from openai import omit
 from openai.types.chat import (
     ChatCompletionAssistantMessageParam,
-    ChatCompletionChunk,
     ChatCompletionContentPartImageParam,
     ChatCompletionContentPartTextParam,
     ChatCompletionMessageParam,
@@ -22,11 +22,17 @@ from openai.types.chat import (
 )
 
 from app.llm.base import HELPERS_CLOSE, HELPERS_OPEN, LLMMessage
-from app.llm.openai_common import OpenAICompatibleClient, StreamOutcome, TextCollector
+from app.llm.openai_common import (
+    OpenAICompatibleClient,
+    StreamOutcome,
+    TextCollector,
+    as_dict,
+    as_int,
+)
 
 
 def to_chat_messages(instructions: str, messages: Sequence[LLMMessage]) -> list[ChatCompletionMessageParam]:
-    """Instructions as a leading system message, then the messages; images as `image_url` parts."""
+    """The instructions as a leading system message, then the messages; images as `image_url` parts."""
     out: list[ChatCompletionMessageParam] = []
     if instructions:
         out.append(ChatCompletionSystemMessageParam(role="system", content=instructions))
@@ -67,33 +73,33 @@ class ChatClient(OpenAICompatibleClient):
         collector: TextCollector,
         outcome: StreamOutcome,
     ) -> None:
-        try:
-            stream = await self._client.chat.completions.create(
-                model=model,
-                messages=to_chat_messages(instructions, messages),
-                stream=True,
-                stream_options={"include_usage": True},
-                stop=[HELPERS_CLOSE] if stop_at_helpers else omit,
-            )
-        except Exception as exc:
-            raise self.map_error(exc) from exc
-
-        finish_reason: str | None = None
-        async with aclosing(self.read_events(stream)) as events:
+        body: dict[str, object] = {
+            "model": model,
+            "messages": to_chat_messages(instructions, messages),
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if stop_at_helpers:
+            body["stop"] = [HELPERS_CLOSE]
+        finish_reason: object = None
+        async with aclosing(self.stream_events("/chat/completions", body)) as events:
             async for chunk in events:
-                if not isinstance(chunk, ChatCompletionChunk):
-                    continue
-                if chunk.usage is not None:
-                    outcome.input_tokens = chunk.usage.prompt_tokens
-                    outcome.output_tokens = chunk.usage.completion_tokens
+                usage = chunk.get("usage")
+                if isinstance(usage, dict):
+                    outcome.input_tokens = as_int(usage.get("prompt_tokens"))
+                    outcome.output_tokens = as_int(usage.get("completion_tokens"))
                     outcome.finished = True
-                for choice in chunk.choices:
-                    if choice.index != 0:
+                choices = chunk.get("choices")
+                for choice in choices if isinstance(choices, list) else []:
+                    if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                         continue
-                    if choice.delta.content and await collector.feed(choice.delta.content):
+                    content = as_dict(choice.get("delta")).get("content")
+                    if content is not None and not isinstance(content, str):
+                        raise self.bad_response("a chunk whose content is not text")
+                    if content and await collector.feed(content):
                         return  # the server ignored `stop`: closing the stream ends generation
-                    if choice.finish_reason is not None:
-                        finish_reason = choice.finish_reason
+                    if choice.get("finish_reason") is not None:
+                        finish_reason = choice["finish_reason"]
                         outcome.finished = True
 
         # A conforming server drops the stop string; put it back so the block is well formed.

@@ -2,28 +2,32 @@
 
 The Responses API has no stop sequences, so the cut at `</helpers>` happens here: the stream is
 closed as soon as the tag arrives, which also stops the server from generating (and billing) more.
+Events are those of the SDK's `ResponseStreamEvent` union, read as plain dicts (see
+`OpenAICompatibleClient.stream_events` for why): `response.output_text.delta` carries text,
+`response.completed` / `response.incomplete` carry `response.usage`, `response.failed` and
+`error` report a failure.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import aclosing
+from typing import Any
 
-from openai import omit
 from openai.types.responses import (
     EasyInputMessageParam,
-    ResponseCompletedEvent,
-    ResponseErrorEvent,
-    ResponseFailedEvent,
-    ResponseIncompleteEvent,
     ResponseInputMessageContentListParam,
     ResponseInputParam,
-    ResponseTextDeltaEvent,
-    ResponseUsage,
 )
 
 from app.llm.base import LLMError, LLMMessage
-from app.llm.openai_common import OpenAICompatibleClient, StreamOutcome, TextCollector
+from app.llm.openai_common import (
+    OpenAICompatibleClient,
+    StreamOutcome,
+    TextCollector,
+    as_dict,
+    as_int,
+)
 
 
 def to_responses_input(messages: Sequence[LLMMessage]) -> ResponseInputParam:
@@ -56,42 +60,36 @@ class ResponsesClient(OpenAICompatibleClient):
         collector: TextCollector,
         outcome: StreamOutcome,
     ) -> None:
-        try:
-            stream = await self._client.responses.create(
-                model=model,
-                instructions=instructions or omit,
-                input=to_responses_input(messages),
-                stream=True,
-            )
-        except Exception as exc:
-            raise self.map_error(exc) from exc
-
-        async with aclosing(self.read_events(stream)) as events:
+        body: dict[str, object] = {"model": model, "input": to_responses_input(messages), "stream": True}
+        if instructions:
+            body["instructions"] = instructions
+        async with aclosing(self.stream_events("/responses", body)) as events:
             async for event in events:
-                if isinstance(event, ResponseTextDeltaEvent):
-                    if await collector.feed(event.delta):
+                kind = event.get("type")
+                if kind == "response.output_text.delta":
+                    delta = event.get("delta")
+                    if not isinstance(delta, str):
+                        raise self.bad_response("a text delta without text")
+                    if await collector.feed(delta):
                         return  # closing the stream stops generation at </helpers>
-                elif isinstance(event, (ResponseCompletedEvent, ResponseIncompleteEvent)):
+                elif kind in ("response.completed", "response.incomplete"):
                     outcome.finished = True
-                    self._record_usage(event.response.usage, outcome)
-                elif isinstance(event, ResponseFailedEvent):
-                    error = event.response.error
-                    detail = error.message if error is not None else "no reason given"
-                    limited = error is not None and "rate_limit" in error.code
-                    raise LLMError(
-                        "llm_rate_limited" if limited else "llm_unavailable",
-                        f"The LLM server at {self._where} failed the response: {self.clean(detail)}",
-                        retryable=True,
-                    )
-                elif isinstance(event, ResponseErrorEvent):
-                    raise LLMError(
-                        "llm_unavailable",
-                        f"The LLM server at {self._where} reported an error: {self.clean(event.message)}",
-                        retryable=True,
-                    )
+                    usage = as_dict(as_dict(event.get("response")).get("usage"))
+                    outcome.input_tokens = as_int(usage.get("input_tokens"))
+                    outcome.output_tokens = as_int(usage.get("output_tokens"))
+                elif kind == "response.failed":
+                    raise self._failure(as_dict(as_dict(event.get("response")).get("error")))
+                elif kind == "error":
+                    raise self._failure(event)
 
-    @staticmethod
-    def _record_usage(usage: ResponseUsage | None, outcome: StreamOutcome) -> None:
-        if usage is not None:
-            outcome.input_tokens = usage.input_tokens
-            outcome.output_tokens = usage.output_tokens
+    def _failure(self, error: dict[str, Any]) -> LLMError:
+        """A failure the server reports inside the stream, after it accepted the request."""
+        message = error.get("message")
+        detail = self.clean(message) if isinstance(message, str) and message else "no reason given"
+        code = error.get("code")
+        limited = isinstance(code, str) and "rate_limit" in code
+        return LLMError(
+            "llm_rate_limited" if limited else "llm_unavailable",
+            f"The LLM server at {self._where} failed the response: {detail}",
+            retryable=True,
+        )

@@ -6,7 +6,10 @@ server instead of a model. It serves `POST /v1/chat/completions` and `POST /v1/r
 with the scripted replies in order, whichever endpoint asks.
 
 It runs a `ThreadingHTTPServer` in a background thread, so it works the same from sync tests and
-from async tests (it never touches their event loop) and serves concurrent requests.
+from async tests (it never touches their event loop) and serves concurrent requests. A stream goes
+out in one write unless a reply paces it (`chunk_delay`), and `time_spent` adds up the time spent
+answering, so benchmarks can subtract the model's share. Sharing the process (and its GIL) with the
+code under test costs about 1 ms a call; a benchmark that minds can run it as a separate process.
 
     with ScriptedLLM(["Hello!", Reply(status=500), "<helpers>print(1)</helpers>"]) as llm:
         client = make_llm_client(api="chat", base_url=llm.base_url, api_key=None)
@@ -24,6 +27,7 @@ import contextlib
 import json
 import secrets
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -53,7 +57,8 @@ class Reply(BaseModel):
     waits before answering (the client's timeout can be tested with it). Token counts default to
     characters // 4 of the prompt and of the text sent. `ignore_stop` behaves like the many local
     servers that do not implement chat `stop`; `disconnect_after` drops the connection after that
-    many streamed text chunks, like a server dying mid-generation.
+    many streamed text chunks, like a server dying mid-generation. A stream is written in one go
+    (fastest, for benchmarks) unless `chunk_delay` paces its events like a model generating.
     """
 
     text: str = ""
@@ -63,6 +68,8 @@ class Reply(BaseModel):
     input_tokens: int | None = None
     output_tokens: int | None = None
     chunk_size: int = Field(default=16, ge=1)
+    chunk_delay: float = Field(default=0.0, ge=0)
+    """Seconds between streamed events; 0 sends the whole stream at once."""
     headers: dict[str, str] = Field(default_factory=dict)
     """Extra response headers, e.g. `{"retry-after": "0.01"}` on a 429."""
     ignore_stop: bool = False
@@ -275,11 +282,17 @@ class _Server(ThreadingHTTPServer):
 
     def get_request(self) -> tuple[socket.socket, Any]:
         sock, address = super().get_request()
-        # Streamed events are many small writes: without this, Nagle + delayed ACK add ~40 ms.
+        # Headers and body (or paced events) are separate writes: Nagle + delayed ACK add ~40 ms.
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         with self._connections_lock:
             self._connections.add(sock)
         return sock, address
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Quiet about clients hanging up (normal after a cut at </helpers>); loud otherwise."""
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            return
+        super().handle_error(request, client_address)
 
     def shutdown_request(self, request: Any) -> None:
         with self._connections_lock:
@@ -370,7 +383,7 @@ class _Handler(BaseHTTPRequestHandler):
                     finish_reason=finish_reason,
                     disconnect_after=reply.disconnect_after,
                 )
-                self._send_stream(events, reply.headers)
+                self._send_stream(events, reply)
             else:
                 self._send_json(200, _chat_completion(text, model=model, usage=usage), reply.headers)
         elif request.stream:
@@ -382,7 +395,7 @@ class _Handler(BaseHTTPRequestHandler):
                 instructions=request.body.get("instructions"),
                 disconnect_after=reply.disconnect_after,
             )
-            self._send_stream(events, reply.headers)
+            self._send_stream(events, reply)
         else:
             response = _response_object(
                 text,
@@ -437,22 +450,30 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def _send_stream(self, events: Iterator[bytes], headers: dict[str, str]) -> None:
+    def _send_stream(self, events: Iterator[bytes], reply: Reply) -> None:
+        """Server-sent events in a chunked body, batched into one write unless paced."""
         self.send_response(200)
         self.send_header("content-type", "text/event-stream; charset=utf-8")
         self.send_header("cache-control", "no-cache")
         self.send_header("transfer-encoding", "chunked")
-        for name, value in headers.items():
+        for name, value in reply.headers.items():
             self.send_header(name, value)
         self.end_headers()
+        pending = bytearray()
         for event in events:
             if event == _HANG_UP:
                 # No terminating chunk: the client sees an incomplete body, as when a server dies.
+                self.wfile.write(pending)
                 self.close_connection = True
                 self.connection.shutdown(socket.SHUT_RDWR)
                 return
-            self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
-        self.wfile.write(b"0\r\n\r\n")
+            pending += b"%x\r\n%s\r\n" % (len(event), event)
+            if reply.chunk_delay > 0:
+                self.wfile.write(pending)
+                pending.clear()
+                self.server.owner._wait(reply.chunk_delay)
+        pending += b"0\r\n\r\n"
+        self.wfile.write(pending)
 
 
 # Wire shapes.

@@ -91,9 +91,7 @@ def _helper_ref(name: str) -> Callable[..., Any]:
 class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
     """cloudpickle, plus: block functions keep the namespace as globals, helpers go by name."""
 
-    def __init__(
-        self, file: io.BytesIO, *, namespace: dict[str, Any], helpers: Mapping[int, str]
-    ) -> None:
+    def __init__(self, file: io.BytesIO, *, namespace: dict[str, Any], helpers: Mapping[int, str]) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self._namespace = namespace
         self._helpers = helpers
@@ -110,15 +108,17 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
     def _block_function_reduce(self, func: types.FunctionType) -> Any:
         # cloudpickle would give the function a copy of the globals it references; we want it
         # to see the live namespace instead, and the variables are pickled there anyway.
-        make, newargs, (state, slotstate), listitems, dictitems, setstate = (
-            self._dynamic_function_reduce(func)
+        make, newargs, (state, slotstate), listitems, dictitems, setstate = self._dynamic_function_reduce(
+            func
         )
         newargs = (newargs[0], _NAMESPACE, *newargs[2:])
         slotstate = {**slotstate, "__globals__": {}}
         return (make, newargs, (state, slotstate), listitems, dictitems, setstate)
 
 
-def _dump(values: dict[str, Any], *, cap: int, namespace: dict[str, Any], helpers: Mapping[int, str]) -> bytes:
+def _dump(
+    values: dict[str, Any], *, cap: int, namespace: dict[str, Any], helpers: Mapping[int, str]
+) -> bytes:
     buf = _CappedBuffer(cap)
     _Pickler(buf, namespace=namespace, helpers=helpers).dump(values)
     return buf.getvalue()
@@ -187,9 +187,7 @@ def dump(
     return data, dropped
 
 
-def load(
-    data: bytes, *, namespace: dict[str, Any], helpers: Mapping[str, Callable[..., Any]]
-) -> list[str]:
+def load(data: bytes, *, namespace: dict[str, Any], helpers: Mapping[str, Callable[..., Any]]) -> list[str]:
     """Restore a snapshot into ``namespace``; return the names that could not be restored."""
     if not data.startswith(MAGIC):
         raise SnapshotFormatError("not a namespace snapshot of this runtime version")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 from sqlalchemy import delete
 from typer.testing import CliRunner
@@ -60,11 +62,12 @@ async def test_keys_created_with_the_cli_are_accepted(
     make_client: AppFactory, store: dict[str, str | None], llm: ScriptedLLM
 ) -> None:
     env = {"SABRE_DATABASE_URL": str(store["database_url"])}
-    result = CliRunner().invoke(cli, ["keys", "create", "--tenant", "initech"], env=env)
+    # The CLI runs its own event loop, so it gets a thread of its own.
+    result = await asyncio.to_thread(CliRunner().invoke, cli, ["keys", "create", "--tenant", "initech"], env=env)
     assert result.exit_code == 0, result.output
     secret = result.output.strip().splitlines()[-1]
     assert secret.startswith("sk-sabre-")
-    bad = CliRunner().invoke(cli, ["keys", "create", "--tenant", "bad tenant!"], env=env)
+    bad = await asyncio.to_thread(CliRunner().invoke, cli, ["keys", "create", "--tenant", "bad tenant!"], env=env)
     assert bad.exit_code != 0
     llm.script("hello initech")
     try:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import pydantic
 import pytest
@@ -155,6 +157,18 @@ async def test_on_delta_receives_chunks_in_order(scripted: ScriptedLLM, client: 
     assert deltas.chunks == [text[i : i + 5] for i in range(0, len(text), 5)]
 
 
+async def test_paced_stream_arrives_in_pieces(scripted: ScriptedLLM, client: LLMClient) -> None:
+    """With `chunk_delay` the server writes event by event, as a generating model does."""
+    scripted.script(Reply(text=BLOCK + HALLUCINATED, chunk_size=8, chunk_delay=0.001, ignore_stop=True))
+    deltas = Deltas()
+
+    response = await client.complete(model="m", instructions="", messages=HI, on_delta=deltas)
+
+    assert response.text == BLOCK
+    assert deltas.chunks[0] == BLOCK[:8]
+    assert "".join(deltas.chunks) == BLOCK
+
+
 async def test_usage_from_the_stream(scripted: ScriptedLLM, client: LLMClient) -> None:
     scripted.script(Reply(text="counted", input_tokens=123, output_tokens=45))
 
@@ -230,30 +244,97 @@ async def test_garbage_body_gives_bad_response(scripted: ScriptedLLM, client: LL
     assert len(scripted.requests) == 1
 
 
-async def test_stream_without_any_event_gives_bad_response(api: LLMApi) -> None:
-    """A 200 whose event stream is empty: neither text nor a completion event arrives."""
+@asynccontextmanager
+async def raw_sse_server(events: list[str]) -> AsyncIterator[str]:
+    """A one-trick server answering every request with these `data:` events; yields its base URL.
 
-    async def empty_stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while (await reader.readline()) not in (b"\r\n", b""):
-            pass
+    For streams the scripted server never sends: empty ones, in-stream failures, odd JSON.
+    """
+    body = "".join(f"data: {event}\n\n" for event in events).encode()
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        length = 0
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode().partition(":")
+            if name.strip().lower() == "content-length":
+                length = int(value)
+        await reader.readexactly(length)
         writer.write(
-            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: 0\r\n"
-            b"connection: close\r\n\r\n"
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n"
+            b"content-length: %d\r\n\r\n%s" % (len(body), body)
         )
         await writer.drain()
         writer.close()
 
-    server = await asyncio.start_server(empty_stream, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    client = make_llm_client(api=api, base_url=f"http://127.0.0.1:{port}/v1", api_key=None)
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
     try:
-        error = await expect_error(client)
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
     finally:
-        await client.aclose()
         server.close()
         await server.wait_closed()
 
+
+async def raw_error(api: LLMApi, events: list[str]) -> LLMError:
+    async with raw_sse_server(events) as base_url:
+        client = make_llm_client(api=api, base_url=base_url, api_key=None, max_retries=0)
+        try:
+            return await expect_error(client)
+        finally:
+            await client.aclose()
+
+
+async def test_stream_without_any_event_gives_bad_response(api: LLMApi) -> None:
+    """A 200 whose event stream is empty: neither text nor a completion event arrives."""
+    error = await raw_error(api, [])
+
     assert error.code == "llm_bad_response"
+    assert "ended without any text" in error.message
+
+
+async def test_event_that_is_not_an_object_gives_bad_response(api: LLMApi) -> None:
+    error = await raw_error(api, ["[1, 2, 3]"])
+
+    assert error.code == "llm_bad_response"
+
+
+@pytest.mark.parametrize(
+    ("event", "code"),
+    [
+        ('{"type": "error", "message": "overloaded", "code": "server_error"}', "llm_unavailable"),
+        (
+            '{"type": "response.failed", "response": {"error": '
+            '{"code": "rate_limit_exceeded", "message": "overloaded"}}}',
+            "llm_rate_limited",
+        ),
+    ],
+)
+async def test_responses_failure_events(event: str, code: str) -> None:
+    error = await raw_error("responses", [event])
+
+    assert error.code == code
+    assert error.retryable is True
+    assert "overloaded" in error.message
+
+
+async def test_chat_error_chunk_gives_unavailable() -> None:
+    error = await raw_error("chat", ['{"error": {"message": "overloaded"}}'])
+
+    assert error.code == "llm_unavailable"
+    assert "overloaded" in error.message
+
+
+async def test_chat_without_usage_is_estimated() -> None:
+    """Servers that ignore `stream_options` send no usage: tokens are estimated, not 0."""
+    chunk = '{"choices": [{"index": 0, "delta": {"content": "%s"}, "finish_reason": %s}]}'
+    async with raw_sse_server([chunk % ("word " * 8, "null"), chunk % ("", '"stop"'), "[DONE]"]) as url:
+        client = make_llm_client(api="chat", base_url=url, api_key=None)
+        try:
+            response = await client.complete(model="m", instructions="x" * 38, messages=HI)
+        finally:
+            await client.aclose()
+
+    assert response.text == "word " * 8
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (10, 10)
 
 
 async def test_connection_refused_gives_unavailable(api: LLMApi) -> None:
@@ -282,9 +363,13 @@ async def test_connection_refused_gives_unavailable(api: LLMApi) -> None:
 async def test_timeout_gives_unavailable(scripted: ScriptedLLM, api: LLMApi) -> None:
     scripted.script(Reply(text="late", delay=5), Reply(text="late", delay=5))
     client = make_llm_client(
-        api=api, base_url=scripted.base_url, api_key=None, timeout=0.2, max_retries=1,
+        api=api,
+        base_url=scripted.base_url,
+        api_key=None,
+        timeout=0.2,
+        max_retries=1,
         retry_base_delay=0.01,
-    )  # fmt: skip
+    )
     try:
         error = await expect_error(client)
     finally:

@@ -32,9 +32,7 @@ def sse_data(body: str) -> list[dict[str, object]]:
 def test_replies_are_fifo_across_both_endpoints_without_streaming() -> None:
     with ScriptedLLM(["first", Reply(text="second", input_tokens=7, output_tokens=3)]) as llm:
         client = sdk(llm)
-        chat = client.chat.completions.create(
-            model="m", messages=[{"role": "user", "content": "hello"}]
-        )
+        chat = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hello"}])
         response = client.responses.create(model="m", instructions="be brief", input="hi")
         client.close()
 
@@ -146,9 +144,7 @@ def test_responder_answers_once_the_queue_is_empty() -> None:
 
     with ScriptedLLM(["scripted"], responder=echo) as llm:
         client = sdk(llm)
-        texts = [
-            client.responses.create(model="m", input=word).output_text for word in ("a", "b")
-        ]
+        texts = [client.responses.create(model="m", input=word).output_text for word in ("a", "b")]
         client.close()
 
     assert texts == ["scripted", "echo: b"]
@@ -171,7 +167,7 @@ def test_garbage_is_not_json() -> None:
         reply = httpx.post(f"{llm.base_url}/chat/completions", json={"model": "m"})
 
     assert reply.status_code == 200
-    with pytest.raises(ValueError):
+    with pytest.raises(json.JSONDecodeError):
         reply.json()
 
 

@@ -1,0 +1,41 @@
+"""HTTP face of personas: list them, show one (global, but behind the same API key as the rest)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Request
+from fastapi.concurrency import run_in_threadpool
+
+from app.auth.dependencies import Tenant
+from app.kit.errors import NotFound, Problem
+from app.personas import schemas, service
+from app.personas.models import Persona
+
+PersonaName = Annotated[str, Path(max_length=64, description="A persona name, e.g. `coder`.")]
+
+ERRORS = {code: {"model": Problem, "content": {"application/problem+json": {}}} for code in (401, 404, 422)}
+
+router = APIRouter(prefix="/v1/personas", tags=["personas"], responses=ERRORS)  # type: ignore[arg-type]
+
+
+def _personas(request: Request) -> dict[str, Persona]:
+    personas: dict[str, Persona] = request.app.state.personas
+    return personas
+
+
+@router.get("", response_model=schemas.PersonaList)
+async def list_personas(request: Request, tenant: Tenant) -> schemas.PersonaList:
+    """Every persona: description, featured helpers, custom tools and prompt size."""
+    # The first call loads the tokenizer (a fraction of a second): keep it off the event loop.
+    return await run_in_threadpool(service.list_personas, _personas(request))
+
+
+@router.get("/{name}", response_model=schemas.PersonaDetail)
+async def get_persona(name: PersonaName, request: Request, tenant: Tenant) -> schemas.PersonaDetail:
+    """One persona in full: identity, examples, featured helpers, custom tools with their schemas."""
+    personas = _personas(request)
+    persona = personas.get(name)
+    if persona is None:
+        raise NotFound(f"No persona {name!r}; available: {', '.join(sorted(personas))}.")
+    return await run_in_threadpool(service.detail, persona)

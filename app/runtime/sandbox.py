@@ -1,0 +1,734 @@
+"""The sandbox child: runs one block of untrusted Python in a fresh fork of a warm worker.
+
+While idle, the child prepares everything that does not depend on the block (its own session,
+output capture, signal handlers) and runs a dry block through the whole code path, so the real
+block pays no first-use costs (copy-on-write faults, caches); then it tells the parent it is ready
+and blocks on its request pipe. When a block arrives it applies the limits, restores the
+namespace, runs the code, answers helper calls from the journal or over the pipe, snapshots the
+namespace, reports, and exits.
+
+Pickles are only ever loaded here, never in the parent: a snapshot comes from an earlier child of
+the same conversation.
+"""
+
+from __future__ import annotations
+
+import builtins
+import collections
+import ctypes
+import gc
+import io
+import json
+import math
+import mmap
+import os
+import resource
+import select
+import signal
+import sys
+import threading
+import types
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final, Literal, NoReturn
+
+from app.runtime import snapshot
+from app.runtime.protocol import (
+    BLOCK_FILENAME,
+    EXIT_EOF,
+    PROTOCOL_VERSION,
+    call_digest,
+    decode_header,
+    encode_frame,
+    read_frame,
+    to_json,
+    write_frame,
+)
+
+Status = Literal["ok", "error", "limit", "suspended"]
+LimitKind = Literal["wall_clock", "cpu_time", "memory", "file_size", "snapshot_size"]
+_PR_SET_PDEATHSIG: Final = 1
+# Address space unmapped on MemoryError so that reporting the limit does not run out too
+# (RLIMIT_AS counts mappings, so an untouched mapping reserves room without using memory).
+_RESERVE_BYTES: Final = 16 << 20
+
+
+class ToolError(RuntimeError):
+    """A helper or external tool answered with an error; ``error_type`` names its kind.
+
+    Raised where the code called the helper, so the code can catch it (``except ToolError``).
+    """
+
+    def __init__(self, message: str, error_type: str | None = None) -> None:
+        super().__init__(message)
+        self.error_type = error_type
+
+
+# -- output capture ------------------------------------------------------------------------
+
+
+class _Capture:
+    """What the block prints, capped: Python-level writes, and with ``redirect`` fd 1/2 too.
+
+    Keeps the first and the last half of the limit and counts the rest, so printing 100 MB
+    costs neither process 100 MB. Output of subprocesses (fd 1/2) goes through a pipe that a
+    thread drains while the block runs (so a chatty subprocess never blocks); the thread reads
+    only while holding the lock, so ``finish`` can take the rest itself without waiting for it.
+    """
+
+    def __init__(self, *, redirect: bool) -> None:
+        # Reentrant: a limit's signal handler may finish the capture in the middle of ``add``.
+        self._lock = threading.RLock()
+        self._head = bytearray()
+        self._tail: collections.deque[bytes] = collections.deque()
+        self._tail_len = 0
+        self._total = 0
+        self._head_cap = self._tail_cap = 1 << 62
+        self._finished = False
+        self._read_fd = -1
+        if redirect:
+            read_fd, write_fd = os.pipe()
+            os.dup2(write_fd, 1)
+            os.dup2(write_fd, 2)
+            os.close(write_fd)
+            os.set_blocking(read_fd, False)
+            self._read_fd = read_fd
+            threading.Thread(target=self._pump, name="capture", daemon=True).start()
+
+    def set_limit(self, limit: int) -> None:
+        self._head_cap = limit // 2
+        self._tail_cap = limit - self._head_cap
+
+    def add(self, data: bytes) -> None:
+        with self._lock:
+            self._total += len(data)
+            room = self._head_cap - len(self._head)
+            if room > 0:
+                self._head += data[:room]
+                data = data[room:]
+            if data:
+                self._tail.append(data)
+                self._tail_len += len(data)
+                while self._tail_len - len(self._tail[0]) >= self._tail_cap:
+                    self._tail_len -= len(self._tail.popleft())
+
+    def _drain(self) -> bool:
+        """Take what is in the pipe now (lock held); False once every writer has closed it."""
+        while True:
+            try:
+                data = os.read(self._read_fd, 65536)
+            except BlockingIOError:
+                return True
+            if not data:
+                return False
+            self.add(data)
+
+    def _pump(self) -> None:
+        poller = select.poll()
+        poller.register(self._read_fd, select.POLLIN)
+        while True:
+            poller.poll()
+            with self._lock:
+                if self._finished or not self._drain():
+                    return
+
+    def finish(self) -> str:
+        """Stop capturing and return the (capped) text."""
+        with self._lock:
+            if self._read_fd >= 0 and not self._finished:
+                self._drain()
+            self._finished = True
+            tail = b"".join(self._tail)[-self._tail_cap :] if self._tail else b""
+            head = bytes(self._head)
+            lost = self._total - len(head) - len(tail)
+        text = head.decode("utf-8", "replace")
+        if lost:
+            text += f"\n[... {lost} bytes truncated]\n"
+        return text + tail.decode("utf-8", "replace")
+
+
+class _CaptureStream(io.TextIOBase):
+    """``sys.stdout``/``sys.stderr`` of the block: writes go straight to the capture."""
+
+    encoding = "utf-8"
+    errors = "backslashreplace"
+
+    def __init__(self, capture: _Capture) -> None:
+        super().__init__()
+        self.capture = capture
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str, /) -> int:
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        self.capture.add(text.encode("utf-8", "backslashreplace"))
+        return len(text)
+
+    def fileno(self) -> int:
+        # fd 1 is the capture pipe too, so code that writes to the fd is captured as well.
+        return 1
+
+
+class _Results:
+    """What ``result()`` got, rendered, within a byte budget (the frame must stay bounded)."""
+
+    def __init__(self, budget: int) -> None:
+        self.items: list[str] = []
+        self._left = budget
+        self._lost = 0
+
+    def add(self, text: str) -> None:
+        if self._left <= 0:
+            self._lost += 1
+            return
+        self.items.append(_cap_text(text, self._left))
+        self._left -= len(text.encode("utf-8", "surrogatepass"))
+
+    def rendered(self) -> list[str]:
+        if self._lost:
+            return [*self.items, f"[... {self._lost} more results truncated]"]
+        return self.items
+
+
+def _cap_text(text: str, limit: int) -> str:
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) <= limit:
+        return text
+    kept = data[:limit].decode("utf-8", "ignore")
+    return f"{kept}\n[... {len(data) - limit} bytes truncated]"
+
+
+def render_result(value: object) -> str:
+    """str as is; JSON containers as JSON; anything else as repr()."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict | list | tuple):
+        try:
+            return json.dumps(value, ensure_ascii=False)
+        except (TypeError, ValueError, RecursionError):
+            pass
+    return repr(value)
+
+
+# -- tracebacks ----------------------------------------------------------------------------
+
+
+def _block_codes(code: types.CodeType) -> set[types.CodeType]:
+    """The code object of a block and every function/class body compiled with it."""
+    found = {code}
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            found |= _block_codes(const)
+    return found
+
+
+class _Source:
+    """The block's source lines, to render a line number as ``line N: <source>``."""
+
+    def __init__(self, code: str, compiled: types.CodeType | None) -> None:
+        self.lines = code.splitlines()
+        self.codes = _block_codes(compiled) if compiled is not None else set()
+
+    def line(self, lineno: int) -> str:
+        if 1 <= lineno <= len(self.lines):
+            return self.lines[lineno - 1].strip()
+        return ""
+
+    def describe(self, code: types.CodeType, lineno: int) -> str:
+        where = "" if code.co_name == "<module>" else f" in {code.co_name}"
+        if code in self.codes:
+            return f"line {lineno}{where}: {self.line(lineno)}"
+        return f"line {lineno}{where} (a function from an earlier block)"
+
+
+def _exception_text(exc: BaseException) -> str:
+    try:
+        message = str(exc)
+    except Exception:
+        message = "<str() of the exception failed>"
+    name = type(exc).__name__
+    return f"{name}: {message}" if message else name
+
+
+def render_traceback(exc: BaseException, source: _Source) -> str:
+    """``Traceback (line N): Type: message`` then the block's frames, outermost first.
+
+    Only frames of the block are shown (not the runtime's, not libraries'); a run of identical
+    frames (recursion) is folded as Python does.
+    """
+    if isinstance(exc, SyntaxError) and exc.filename == BLOCK_FILENAME and exc.lineno:
+        return (
+            f"Traceback (line {exc.lineno}): {type(exc).__name__}: {exc.msg}\n"
+            f"  line {exc.lineno}: {source.line(exc.lineno)}"
+        )
+    frames: list[str] = []
+    last_line: int | None = None
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == BLOCK_FILENAME:
+            frames.append("  " + source.describe(tb.tb_frame.f_code, tb.tb_lineno))
+            last_line = tb.tb_lineno
+        tb = tb.tb_next
+    head = "Traceback" if last_line is None else f"Traceback (line {last_line})"
+    lines = [f"{head}: {_exception_text(exc)}"]
+    repeats = 0
+    for index, text in enumerate(frames):
+        repeats = repeats + 1 if index and text == frames[index - 1] else 0
+        if repeats < 3:
+            lines.append(text)
+        if repeats >= 3 and (index + 1 == len(frames) or frames[index + 1] != text):
+            lines.append(f"  [previous line repeated {repeats - 2} more times]")
+    return "\n".join(lines)
+
+
+# -- limits --------------------------------------------------------------------------------
+
+
+def _set_limit(which: int, soft: int, hard: int | None = None) -> None:
+    """Lower a resource limit, never above the hard limit the worker already had."""
+    _, current_hard = resource.getrlimit(which)
+    hard = soft if hard is None else hard
+    if current_hard != resource.RLIM_INFINITY:
+        soft, hard = min(soft, current_hard), min(hard, current_hard)
+    resource.setrlimit(which, (soft, hard))
+
+
+def apply_limits(limits: Mapping[str, Any], *, dry: bool = False) -> None:
+    """Apply the block's rlimits to this process (inherited by anything it starts).
+
+    ``dry`` makes the same calls with the current values: the warm-up uses it.
+    """
+    wanted: list[tuple[int, int, int | None]] = [(resource.RLIMIT_CORE, 0, None)]
+    # RLIMIT_CPU counts from process start: add what the fork has used already. SIGXCPU comes
+    # at the soft limit, SIGKILL a second later if the code ignores it.
+    used = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
+    cpu = math.ceil(used + float(limits["cpu_seconds"]))
+    wanted.append((resource.RLIMIT_CPU, cpu, cpu + 1))
+    wanted.append((resource.RLIMIT_AS, int(limits["memory_mb"]) << 20, None))
+    wanted.append((resource.RLIMIT_NPROC, int(limits["max_processes"]), None))
+    wanted.append((resource.RLIMIT_FSIZE, int(limits["file_size_mb"]) << 20, None))
+    wanted.append((resource.RLIMIT_NOFILE, int(limits["open_files"]), None))
+    for which, soft, hard in wanted:
+        if dry:
+            soft, hard = resource.getrlimit(which)
+        _set_limit(which, soft, hard)
+
+
+def limit_label(kind: LimitKind, limits: Mapping[str, Any]) -> str:
+    """The ``limit`` text of an outcome, e.g. ``memory 2048MB``."""
+    match kind:
+        case "wall_clock":
+            return f"wall_clock {float(limits['wall_clock_seconds']):g}s"
+        case "cpu_time":
+            return f"cpu_time {float(limits['cpu_seconds']):g}s"
+        case "memory":
+            return f"memory {limits['memory_mb']}MB"
+        case "file_size":
+            return f"file_size {limits['file_size_mb']}MB"
+        case "snapshot_size":
+            return f"snapshot_size {int(limits['snapshot_bytes']) / 1e6:g}MB"
+
+
+def die_with_parent() -> None:
+    """Ask the kernel to SIGKILL this process when its parent dies (no orphans left running)."""
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os._exit(1)
+
+
+# -- one block -----------------------------------------------------------------------------
+
+
+class _DryRunStopped(Exception):
+    """``stop`` of the warm-up's dry block: it must neither report nor exit."""
+
+
+class _Block:
+    """One block: the namespace, the calls to the parent, and the ``done`` report."""
+
+    def __init__(
+        self,
+        *,
+        request: Mapping[str, Any],
+        capture: _Capture,
+        proto_in: io.FileIO | None,
+        proto_out: int,
+        reserve: mmap.mmap | None,
+        dry: bool = False,
+    ) -> None:
+        self._request = request
+        self._limits: Mapping[str, Any] = request["limits"]
+        self._capture = capture
+        self._in = proto_in
+        self._out = proto_out
+        self._dry = dry
+        self._journal: Sequence[Mapping[str, Any]] = request["journal"]
+        self._reserve = reserve
+        self._stopping = False
+        self.replayed = 0
+        self.results = _Results(int(self._limits["stdout_bytes"]))
+        self.source = _Source(request["code"], None)
+        self.namespace: dict[str, Any] = {}
+
+    def start(self) -> None:
+        """Apply the limits, enter the work directory, start the wall clock."""
+        limits = self._limits
+        self._capture.set_limit(int(limits["stdout_bytes"]))
+        try:
+            apply_limits(limits, dry=self._dry)
+            workdir = str(self._request["workdir"])
+            os.chdir(workdir)
+            os.environ["HOME"] = workdir
+            if not self._dry:
+                sys.path.insert(0, workdir)
+        except OSError as exc:
+            self.stop("error", error=f"SandboxError: cannot enter the work directory: {exc}")
+        global _current
+        _current = None if self._dry else self
+        seconds = 0.0 if self._dry else float(limits["wall_clock_seconds"])
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+
+    def on_limit(self, kind: LimitKind) -> None:
+        """A limit signal arrived: end the block now, keeping what it printed."""
+        if not self._stopping:
+            self.stop("limit", limit=limit_label(kind, self._limits))
+
+    # The report ---------------------------------------------------------------------------
+
+    def stop(
+        self,
+        status: Status,
+        *,
+        error: str | None = None,
+        limit: str | None = None,
+        snapshot_data: bytes | None = None,
+        dropped: Sequence[str] = (),
+    ) -> NoReturn:
+        """Send the ``done`` frame and exit at once: no more code of the block runs."""
+        self._stopping = True
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        cap = int(self._limits["stdout_bytes"])
+        header = {
+            "t": "done",
+            "status": status,
+            "stdout": self._capture.finish(),
+            "results": self.results.rendered(),
+            "error": None if error is None else _cap_text(error, cap),
+            "limit": limit,
+            "dropped": list(dropped),
+            "replayed": self.replayed,
+        }
+        if self._dry:
+            decode_header(encode_frame(header)[8:])
+            raise _DryRunStopped
+        write_frame(self._out, header, snapshot_data or b"")
+        # Let the parent, woken by that write (often onto this CPU), run before this process
+        # spends a millisecond tearing down its address space.
+        os.sched_yield()
+        os._exit(0)
+
+    def _out_of_memory(self) -> NoReturn:
+        if self._reserve is not None:
+            self._reserve.close()
+        self.namespace.clear()
+        gc.collect()
+        self.stop("limit", limit=limit_label("memory", self._limits))
+
+    # Calls to the parent ------------------------------------------------------------------
+
+    def _call_site(self) -> tuple[int | None, str | None]:
+        # _call_site <- call <- the helper function <- its caller (maybe a library)
+        frame: types.FrameType | None = sys._getframe(3)
+        while frame is not None and frame.f_code.co_filename != BLOCK_FILENAME:
+            frame = frame.f_back
+        if frame is None:
+            return None, None
+        if frame.f_code in self.source.codes:
+            return frame.f_lineno, self.source.line(frame.f_lineno)
+        return frame.f_lineno, None
+
+    def call(
+        self,
+        *,
+        kind: Literal["internal", "external"],
+        name: str,
+        params: Sequence[str],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """A helper or tool call: from the journal if one remains, else from the parent."""
+        strict = kind == "external"
+        try:
+            json_args = to_json(args, strict=strict)
+            json_kwargs = to_json(kwargs, strict=strict)
+        except TypeError as exc:
+            raise TypeError(f"{name}(): {exc}") from None
+        arguments: dict[str, Any] = {}
+        if kind == "external":
+            if len(json_args) > len(params):
+                raise TypeError(
+                    f"{name}() takes {len(params)} positional arguments but {len(json_args)} were given"
+                )
+            arguments = dict(zip(params, json_args, strict=False))
+            for key, value in json_kwargs.items():
+                if key in arguments:
+                    raise TypeError(f"{name}() got multiple values for argument {key!r}")
+                arguments[key] = value
+        digest = call_digest(name=name, args=json_args, kwargs=json_kwargs)
+        line, code = self._call_site()
+
+        if self.replayed < len(self._journal):
+            entry = self._journal[self.replayed]
+            if entry["name"] != name or entry["digest"] != digest:
+                self.stop(
+                    "error",
+                    error=(
+                        f"ReplayDivergenceError: call #{self.replayed + 1} of the block is "
+                        f"{name}({_short_args(json_args, json_kwargs)}) at line {line}: "
+                        f"{code or ''}; the journal recorded a call to {entry['name']} "
+                        f"(digest {str(entry['digest'])[:12]}, this call {digest[:12]}). "
+                        "A block must make the same calls, with the same arguments, when it "
+                        "runs again."
+                    ),
+                )
+            self.replayed += 1
+            return _answer(entry)
+
+        call = {
+            "name": name,
+            "kind": kind,
+            "args": json_args,
+            "kwargs": json_kwargs,
+            "arguments": arguments,
+            "line": line,
+            "code": code,
+        }
+        assert self._in is not None
+        # The wall clock stops while the parent works on the call (an LLM call may be slow).
+        remaining, _ = signal.setitimer(signal.ITIMER_REAL, 0)
+        try:
+            write_frame(self._out, {"t": "call", "digest": digest, "call": call})
+            reply, _ = read_frame(self._in)
+        finally:
+            if remaining > 0 and not self._stopping:
+                signal.setitimer(signal.ITIMER_REAL, remaining)
+        if reply.get("t") != "reply":
+            raise RuntimeError(f"sandbox protocol: expected a reply, got {reply.get('t')!r}")
+        if reply["kind"] == "suspend":
+            self.stop("suspended")
+        return _answer(reply)
+
+    def _make_helper(
+        self, *, kind: Literal["internal", "external"], name: str, params: Sequence[str]
+    ) -> Callable[..., Any]:
+        def helper(*args: Any, **kwargs: Any) -> Any:
+            return self.call(kind=kind, name=name, params=params, args=args, kwargs=kwargs)
+
+        helper.__name__ = helper.__qualname__ = name
+        if kind == "external":
+            helper.__doc__ = f"{name}({', '.join(params)}): a tool run by the caller."
+        else:
+            helper.__doc__ = f"{name}(...): a helper run by the service."
+        return helper
+
+    def result(self, value: object) -> None:
+        """Add ``value`` to the block's results."""
+        self.results.add(render_result(value))
+
+    # Running ------------------------------------------------------------------------------
+
+    def run(self, snapshot_data: bytes) -> NoReturn:
+        """Restore the namespace, run the code, snapshot, report: never returns."""
+        request = self._request
+        helpers: dict[str, Callable[..., Any]] = {
+            name: self._make_helper(kind="internal", name=name, params=()) for name in request["helpers"]
+        }
+        for name, params in request["tools"].items():
+            helpers[name] = self._make_helper(kind="external", name=name, params=params)
+        fixed: dict[str, Any] = {**helpers, "result": self.result, "ToolError": ToolError}
+        ns = self.namespace
+        try:
+            dropped: list[str] = []
+            if snapshot_data:
+                dropped = snapshot.load(snapshot_data, namespace=ns, helpers=helpers)
+            ns.update(fixed)
+            ns["__builtins__"] = builtins
+            ns["__name__"] = "__main__"
+            try:
+                compiled = compile(request["code"], BLOCK_FILENAME, "exec", dont_inherit=True)
+            except SyntaxError as exc:
+                self.stop("error", error=render_traceback(exc, self.source))
+            self.source = _Source(request["code"], compiled)
+            error = self._execute(compiled)
+            if self.replayed < len(self._journal):
+                self.stop(
+                    "error",
+                    error=(
+                        f"ReplayDivergenceError: the block made {self.replayed} calls, but the "
+                        f"journal recorded {len(self._journal)}; the next recorded call was to "
+                        f"{self._journal[self.replayed]['name']}. A block must make the same "
+                        "calls when it runs again." + (f"\n{error}" if error else "")
+                    ),
+                )
+            data, lost = snapshot.dump(
+                ns,
+                skip=frozenset(fixed),
+                helpers=helpers,
+                max_bytes=int(self._limits["snapshot_bytes"]),
+            )
+        except MemoryError as exc:
+            # Drop the frames (and their locals) the traceback keeps alive before reporting.
+            exc.__traceback__ = None
+            self._out_of_memory()
+        except snapshot.SnapshotTooLarge:
+            self.stop("limit", limit=limit_label("snapshot_size", self._limits))
+        except snapshot.SnapshotFormatError as exc:
+            self.stop("error", error=f"SnapshotError: {exc}")
+        self.stop(
+            "error" if error else "ok",
+            error=error,
+            snapshot_data=data,
+            dropped=list(dict.fromkeys([*dropped, *lost])),
+        )
+
+    def _execute(self, compiled: types.CodeType) -> str | None:
+        """Run the code; return the rendered error, if it raised."""
+        try:
+            exec(compiled, self.namespace)
+        except (MemoryError, _DryRunStopped):
+            raise
+        except SystemExit as exc:
+            # exit() / sys.exit() end the block early; only a failure code is an error.
+            if exc.code not in (None, 0):
+                return render_traceback(exc, self.source)
+        except BaseException as exc:
+            return render_traceback(exc, self.source)
+        return None
+
+
+def _short_args(args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+    """Short ``1, "x", key=2`` text of a call's JSON arguments, for error messages."""
+    parts = [json.dumps(a)[:80] for a in args]
+    parts += [f"{k}={json.dumps(v)[:80]}" for k, v in kwargs.items()]
+    return ", ".join(parts)
+
+
+def _answer(entry: Mapping[str, Any]) -> Any:
+    """The value of a reply or journal entry; its error raised as ToolError."""
+    if (
+        entry.get("kind") == "error"
+        or entry.get("error_type") is not None
+        or entry.get("error_message") is not None
+    ):
+        raise ToolError(str(entry.get("error_message") or ""), entry.get("error_type"))
+    return entry.get("value")
+
+
+# -- the child's life ----------------------------------------------------------------------
+
+_current: _Block | None = None
+
+
+def _on_limit_signal(signum: int, frame: types.FrameType | None) -> None:
+    """SIGXCPU (RLIMIT_CPU) or SIGALRM (the wall clock): the running block ends itself.
+
+    So its output is kept and the worker survives; the parent kills the child only when this
+    cannot run (code stuck in C, handlers replaced by the code).
+    """
+    if _current is not None:
+        _current.on_limit("cpu_time" if signum == signal.SIGXCPU else "wall_clock")
+
+
+_WARM_UP_CODE: Final = """\
+def f(x):
+    return x + 1
+y = f(a)
+z = tool(y, mode="x")
+print(y, z)
+result({"y": y, "z": z})
+1 / 0
+"""
+
+
+def _warm_up() -> None:
+    """Run a dry block through the real code path (journal-answered call, snapshot load and
+    dump, traceback, report encoding), so the first-use costs of the real block (page faults
+    on copy-on-write memory, lazy caches) are paid before the request arrives, not after."""
+    capture = _Capture(redirect=False)
+    sys.stdout = sys.stderr = _CaptureStream(capture)
+    digest = call_digest(name="tool", args=[2], kwargs={"mode": "x"})
+    limits = {
+        "cpu_seconds": 10,
+        "memory_mb": 2048,
+        "wall_clock_seconds": 30,
+        "max_processes": 64,
+        "file_size_mb": 100,
+        "open_files": 256,
+        "stdout_bytes": 32_000,
+        "snapshot_bytes": 1 << 20,
+    }
+    request = decode_header(
+        encode_frame(
+            {
+                "t": "run",
+                "v": PROTOCOL_VERSION,
+                "code": _WARM_UP_CODE,
+                "workdir": os.getcwd(),
+                "limits": limits,
+                "helpers": ["helper"],
+                "tools": {"tool": ["x", "mode"]},
+                "journal": [{"name": "tool", "digest": digest, "value": 3}],
+            }
+        )[8:]
+    )
+    data, _ = snapshot.dump({"a": 1, "g": lambda: 1}, skip=frozenset(), helpers={}, max_bytes=1 << 20)
+    block = _Block(request=request, capture=capture, proto_in=None, proto_out=-1, reserve=None, dry=True)
+    try:
+        block.start()
+        block.run(data)
+    except _DryRunStopped:
+        pass
+    gc.collect()
+
+
+def serve_one(*, proto_in: int, proto_out: int) -> int:
+    """Life of one forked child: prepare, say ready, run one block, report. Returns exit code.
+
+    ``proto_in``/``proto_out`` are the worker's pipes to the parent; fds 0, 1 and 2 are
+    repointed (0 to /dev/null, 1 and 2 to the output capture) so nothing the code starts can
+    write into the protocol by accident.
+    """
+    os.setsid()  # its own process group: killing the group kills what the code started
+    die_with_parent()
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    # Python ignores SIGXFSZ (writes past RLIMIT_FSIZE then fail with EFBIG); the default
+    # action ends the block and the parent reports it as file_size.
+    signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+    signal.signal(signal.SIGXCPU, _on_limit_signal)
+    signal.signal(signal.SIGALRM, _on_limit_signal)
+    _warm_up()
+    capture = _Capture(redirect=True)
+    sys.stdout = sys.stderr = _CaptureStream(capture)
+    reserve = mmap.mmap(-1, _RESERVE_BYTES)
+    stream = io.FileIO(proto_in, "rb", closefd=False)
+    write_frame(proto_out, {"t": "ready", "pid": os.getpid()})
+
+    while True:
+        try:
+            request, snapshot_data = read_frame(stream)
+        except EOFError:
+            return EXIT_EOF
+        # Skip a reply the previous child never read (it stopped before reading it): the
+        # parent only ever writes whole frames, so the stream stays in step.
+        if request.get("t") != "reply":
+            break
+    if request.get("t") != "run" or request.get("v") != PROTOCOL_VERSION:
+        raise RuntimeError(f"sandbox protocol: unexpected request {request.get('t')!r}")
+    block = _Block(request=request, capture=capture, proto_in=stream, proto_out=proto_out, reserve=reserve)
+    block.start()
+    block.run(snapshot_data)

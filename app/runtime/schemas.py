@@ -1,0 +1,95 @@
+"""The runtime's data models: what the orchestrator passes in and gets back for one block."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.runtime.protocol import call_digest
+
+
+class Limits(BaseModel):
+    """Resource limits of one block; authority comes from the server, never from the code."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cpu_seconds: float = Field(default=10, gt=0)
+    memory_mb: int = Field(default=2048, gt=0)
+    wall_clock_seconds: float = Field(default=30, gt=0)
+    max_processes: int = Field(default=64, gt=0)
+    file_size_mb: int = Field(default=100, gt=0)
+    open_files: int = Field(default=256, gt=0)
+    stdout_bytes: int = Field(default=32_000, gt=0)
+    snapshot_bytes: int = Field(default=50_000_000, gt=0)
+
+
+class HelperCall(BaseModel):
+    """A call the block's code made to a parent-side function (internal helper or external tool).
+
+    ``args``/``kwargs`` are JSON values (internal: best effort, repr() for non-JSON values;
+    external: exact, or the code got a TypeError). ``arguments`` (external only) maps the
+    positional arguments to the tool's parameter names, merged with the keyword arguments.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    kind: Literal["internal", "external"]
+    args: list[Any]
+    kwargs: dict[str, Any]
+    arguments: dict[str, Any]
+    line: int | None
+    code: str | None
+
+    def digest(self) -> str:
+        """The journal digest of this call (the same the child computed)."""
+        return call_digest(name=self.name, args=self.args, kwargs=self.kwargs)
+
+
+class CallReply(BaseModel):
+    """The parent's answer to a ``HelperCall``: a value, an error, or suspend the block."""
+
+    kind: Literal["value", "error", "suspend"]
+    value: Any = None
+    error_type: str | None = None
+    error_message: str | None = None
+
+
+class JournalEntry(BaseModel):
+    """One completed helper call of a block, replayed (not re-run) when the block runs again."""
+
+    name: str
+    digest: str
+    value: Any = None
+    error_type: str | None = None
+    error_message: str | None = None
+
+    @classmethod
+    def for_call(cls, call: HelperCall, reply: CallReply) -> JournalEntry:
+        """The entry recording ``reply`` as the answer to ``call`` (e.g. a pending tool call)."""
+        if reply.kind == "suspend":
+            raise ValueError("a suspend reply is not an answer")
+        if reply.kind == "error":
+            return cls(
+                name=call.name,
+                digest=call.digest(),
+                error_type=reply.error_type or "Error",
+                error_message=reply.error_message or "",
+            )
+        return cls(name=call.name, digest=call.digest(), value=reply.value)
+
+
+class BlockOutcome(BaseModel):
+    """How one block ended, and what it left for the next one."""
+
+    status: Literal["ok", "error", "limit", "suspended"]
+    stdout: str
+    results: list[str]
+    error: str | None
+    limit: str | None
+    snapshot: bytes | None
+    dropped: list[str]
+    journal: list[JournalEntry]
+    pending: HelperCall | None
+    duration_ms: float

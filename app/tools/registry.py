@@ -1,0 +1,158 @@
+"""The ToolRegistry: every tool a conversation's code can call, internal or external, by name.
+
+Internal tools run in the service (the helpers, persona tools); external tools are run by the caller:
+calling one pauses the turn. Each tool renders its documentation as a Python signature for the prompt.
+"""
+
+from __future__ import annotations
+
+import keyword
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+ExecutionMode = Literal["internal", "external"]
+
+_JSON_TO_PY = {
+    "string": "str",
+    "integer": "int",
+    "number": "float",
+    "boolean": "bool",
+    "array": "list",
+    "object": "dict",
+    "null": "None",
+}
+
+
+class ToolDefinitionError(ValueError):
+    """A tool that cannot be registered; the message names the tool and the problem."""
+
+
+def _annotation(schema: Mapping[str, Any]) -> str:
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        return " | ".join(_JSON_TO_PY.get(str(k), "Any") for k in kind) or "Any"
+    if "enum" in schema:
+        return "Literal[" + ", ".join(repr(v) for v in schema["enum"]) + "]"
+    return _JSON_TO_PY.get(str(kind), "Any")
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    """A callable tool: its JSON Schema parameters, its mode, and for internal tools a helper name."""
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any]
+    mode: ExecutionMode
+    _validator: Draft202012Validator = field(repr=False, compare=False, hash=False, default=None)  # type: ignore[assignment]
+
+    @property
+    def param_names(self) -> list[str]:
+        """Parameter names in schema order: positional arguments map onto these."""
+        return list(self.parameters.get("properties", {}))
+
+    def signature(self) -> str:
+        """The tool as a Python signature, required parameters first."""
+        props: Mapping[str, Any] = self.parameters.get("properties", {})
+        required = set(self.parameters.get("required", []))
+        ordered = [n for n in props if n in required] + [n for n in props if n not in required]
+        params = [
+            f"{name}: {_annotation(props[name])}" + ("" if name in required else " = None")
+            for name in ordered
+        ]
+        return f"{self.name}({', '.join(params)})"
+
+    def render(self) -> str:
+        """Full documentation for the prompt: signature, description, each parameter."""
+        lines = [f"### {self.signature()}"]
+        if self.description.strip():
+            lines.append(self.description.strip())
+        props: Mapping[str, Any] = self.parameters.get("properties", {})
+        for name, schema in props.items():
+            text = str(schema.get("description", "")).strip()
+            if text:
+                lines.append(f"- `{name}`: {text}")
+        if self.mode == "external":
+            lines.append("(Runs outside this runtime: call it like a function and use its return value.)")
+        return "\n".join(lines) + "\n"
+
+    def validate_arguments(self, arguments: Mapping[str, Any]) -> str | None:
+        """None when ``arguments`` fit the schema, else a message the model can act on."""
+        validator = self._validator or Draft202012Validator(dict(self.parameters))
+        errors = sorted(validator.iter_errors(dict(arguments)), key=lambda e: list(e.path))
+        if not errors:
+            return None
+        described = []
+        for error in errors[:5]:
+            where = ".".join(str(p) for p in error.path)
+            described.append(f"{where}: {error.message}" if where else error.message)
+        return f"{self.name}(): invalid arguments: " + "; ".join(described)
+
+
+def make_tool(
+    *,
+    name: str,
+    description: str,
+    parameters: Mapping[str, Any] | None,
+    mode: ExecutionMode,
+    reserved: Iterable[str] = (),
+) -> Tool:
+    """Check a tool definition (identifier name, not reserved, valid JSON Schema) and build it."""
+    if not name.isidentifier() or keyword.iskeyword(name):
+        raise ToolDefinitionError(f"tool {name!r}: the name must be a valid Python identifier")
+    if name in set(reserved):
+        raise ToolDefinitionError(f"tool {name!r}: the name is taken by a built-in helper")
+    schema = dict(parameters) if parameters is not None else {"type": "object", "properties": {}}
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        raise ToolDefinitionError(
+            f"tool {name!r}: parameters is not a valid JSON Schema: {exc.message}"
+        ) from exc
+    if schema.get("type", "object") != "object":
+        raise ToolDefinitionError(f"tool {name!r}: parameters must be a JSON Schema of type 'object'")
+    if not isinstance(schema.get("properties", {}), dict):
+        raise ToolDefinitionError(f"tool {name!r}: parameters.properties must be an object")
+    return Tool(
+        name=name,
+        description=description,
+        parameters=schema,
+        mode=mode,
+        _validator=Draft202012Validator(schema),
+    )
+
+
+class ToolRegistry:
+    """Tools by name for one conversation; later registrations of a name replace earlier ones."""
+
+    def __init__(self, tools: Sequence[Tool] = ()) -> None:
+        self._tools: dict[str, Tool] = {}
+        for tool in tools:
+            self.register(tool)
+
+    def register(self, tool: Tool) -> None:
+        """Add or replace a tool."""
+        self._tools[tool.name] = tool
+
+    def get(self, name: str) -> Tool | None:
+        """The tool called ``name``, if any."""
+        return self._tools.get(name)
+
+    def is_external(self, name: str) -> bool:
+        """Whether calling ``name`` pauses the turn for the caller."""
+        tool = self._tools.get(name)
+        return tool is not None and tool.mode == "external"
+
+    def get_external_tools(self) -> list[Tool]:
+        """The external tools, in registration order."""
+        return [t for t in self._tools.values() if t.mode == "external"]
+
+    def __iter__(self) -> Any:
+        return iter(self._tools.values())
+
+    def __len__(self) -> int:
+        return len(self._tools)

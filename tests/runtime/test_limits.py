@@ -1,0 +1,179 @@
+"""Resource limits, the clean environment, and a pool that survives what the code does."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from app.runtime import Limits, RuntimePool
+from tests.runtime.support import run
+
+pytestmark = pytest.mark.asyncio(loop_scope="package")
+
+
+async def assert_pool_works(pool: RuntimePool, workdir: Path) -> None:
+    outcome = await run(pool, "result(6 * 7)", workdir=workdir)
+    assert outcome.status == "ok"
+    assert outcome.results == ["42"]
+
+
+async def test_busy_loop_hits_the_wall_clock(pool: RuntimePool, tmp_path: Path) -> None:
+    outcome = await run(
+        pool, "print('started')\nwhile True:\n    pass\n", workdir=tmp_path,
+        limits=Limits(wall_clock_seconds=1),
+    )
+    assert outcome.status == "limit"
+    assert outcome.limit == "wall_clock 1s"
+    assert outcome.stdout == "started\n"  # the child ended itself and kept its output
+    assert outcome.snapshot is None
+    await assert_pool_works(pool, tmp_path)
+
+
+async def test_code_that_ignores_the_wall_clock_is_killed(pool: RuntimePool, tmp_path: Path) -> None:
+    outcome = await run(
+        pool,
+        "import signal\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\nwhile True:\n    pass\n",
+        workdir=tmp_path,
+        limits=Limits(wall_clock_seconds=1),
+    )
+    assert outcome.status == "limit"
+    assert outcome.limit == "wall_clock 1s"
+    await assert_pool_works(pool, tmp_path)
+    await assert_pool_works(pool, tmp_path)
+
+
+async def test_busy_loop_hits_the_cpu_limit(pool: RuntimePool, tmp_path: Path) -> None:
+    outcome = await run(
+        pool, "while True:\n    pass\n", workdir=tmp_path,
+        limits=Limits(cpu_seconds=1, wall_clock_seconds=10),
+    )
+    assert outcome.status == "limit"
+    assert outcome.limit == "cpu_time 1s"
+
+
+async def test_sigxcpu_ignored_is_still_the_cpu_limit(pool: RuntimePool, tmp_path: Path) -> None:
+    outcome = await run(
+        pool,
+        "import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True:\n    pass\n",
+        workdir=tmp_path,
+        limits=Limits(cpu_seconds=1, wall_clock_seconds=10),
+    )
+    assert outcome.status == "limit"
+    assert outcome.limit == "cpu_time 1s"
+    await assert_pool_works(pool, tmp_path)
+
+
+async def test_memory_bomb(pool: RuntimePool, tmp_path: Path) -> None:
+    outcome = await run(
+        pool,
+        "print('allocating')\nchunks = []\nwhile True:\n    chunks.append(bytearray(10**7))\n",
+        workdir=tmp_path,
+        limits=Limits(memory_mb=512),
+    )
+    assert outcome.status == "limit"
+    assert outcome.limit == "memory 512MB"
+    assert outcome.stdout == "allocating\n"
+    await assert_pool_works(pool, tmp_path)
+
+
+async def test_writing_10_gb_is_stopped_by_the_file_size_limit(
+    pool: RuntimePool, tmp_path: Path
+) -> None:
+    outcome = await run(
+        pool,
+        "block = b'x' * (1 << 20)\nwith open('big.bin', 'wb') as f:\n"
+        "    for _ in range(10 * 1024):\n        f.write(block)\n",
+        workdir=tmp_path,
+        limits=Limits(file_size_mb=5),
+    )
+    assert outcome.status == "limit"
+    assert outcome.limit == "file_size 5MB"
+    assert (tmp_path / "big.bin").stat().st_size <= 5 << 20
+    await assert_pool_works(pool, tmp_path)
+
+
+async def test_environment_is_clean(pool: RuntimePool, tmp_path: Path) -> None:
+    assert os.environ["OPENAI_API_KEY"]  # set in the parent by the pool fixture
+    outcome = await run(
+        pool,
+        "import os\nresult(dict(os.environ))\nresult(os.getcwd())\n",
+        workdir=tmp_path,
+    )
+    env = json.loads(outcome.results[0])
+    assert sorted(env) == ["HOME", "LANG", "MPLBACKEND", "PATH", "PYTHONHASHSEED"]
+    assert env["HOME"] == str(tmp_path)
+    assert env["MPLBACKEND"] == "Agg"
+    assert outcome.results[1] == str(tmp_path)
+
+
+async def test_background_processes_die_with_the_block(pool: RuntimePool, tmp_path: Path) -> None:
+    outcome = await run(
+        pool,
+        "import subprocess\nsleeper = subprocess.Popen(['sleep', '60'])\nresult(sleeper.pid)\n",
+        workdir=tmp_path,
+    )
+    assert outcome.status == "ok"
+    pid = int(outcome.results[0])
+    await assert_pool_works(pool, tmp_path)
+    await assert_pool_works(pool, tmp_path)  # by now both workers have reaped a block
+    stat = Path(f"/proc/{pid}/stat")
+    assert not stat.exists() or stat.read_text().split()[2] == "Z"
+
+
+async def test_garbage_on_the_protocol_pipe_fails_the_block(
+    pool: RuntimePool, tmp_path: Path
+) -> None:
+    # Write garbage to every fd of the child except the server's own stderr (the log).
+    log = os.fstat(2)
+    outcome = await run(
+        pool,
+        "import os\n"
+        "for fd in range(3, 64):\n"
+        "    try:\n"
+        "        st = os.fstat(fd)\n"
+        f"        if (st.st_dev, st.st_ino) != ({log.st_dev}, {log.st_ino}):\n"
+        "            os.write(fd, b'\\xff' * 64)\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "import time\ntime.sleep(5)\n",
+        workdir=tmp_path,
+    )
+    assert outcome.status == "error"
+    assert outcome.error is not None
+    assert outcome.error.startswith("SandboxError: frame header of 4294967295 bytes")
+    await assert_pool_works(pool, tmp_path)
+
+
+async def test_pool_survives_its_worker_being_killed(pool: RuntimePool, tmp_path: Path) -> None:
+    outcome = await run(
+        pool, "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n", workdir=tmp_path
+    )
+    assert outcome.status == "error"
+    assert outcome.error is not None
+    assert "died" in outcome.error
+    for _ in range(3):
+        await assert_pool_works(pool, tmp_path)
+
+
+async def test_two_blocks_run_at_once(tmp_path: Path) -> None:
+    """Each block waits for the other's file: they can only both finish side by side."""
+    code = (
+        "import os, time\n"
+        "open('{me}', 'w').close()\n"
+        "deadline = time.monotonic() + 10\n"
+        "while not os.path.exists('{other}'):\n"
+        "    assert time.monotonic() < deadline, 'the other block never ran'\n"
+        "    time.sleep(0.005)\n"
+        "result('met')\n"
+    )
+    async with RuntimePool(size=2, preload=()) as own_pool:
+        first, second = await asyncio.gather(
+            run(own_pool, code.format(me="a", other="b"), workdir=tmp_path),
+            run(own_pool, code.format(me="b", other="a"), workdir=tmp_path),
+        )
+    assert (first.status, second.status) == ("ok", "ok"), (first.error, second.error)
+    assert first.results == second.results == ["met"]
