@@ -63,6 +63,8 @@ class Settings(BaseSettings):
     block_stdout_bytes: int = 32_000
 
     lock_lease_seconds: float = Field(default=120.0, gt=0)
+    tool_call_ttl_seconds: float = Field(default=24 * 3600, gt=0)
+    max_tool_output_bytes: int = Field(default=1_000_000, ge=1)
 
     @field_validator("database_url")
     @classmethod

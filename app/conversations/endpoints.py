@@ -22,6 +22,9 @@ ERRORS = {
     for code in (400, 401, 404, 409, 413, 422)
 }
 
+TOOL_RESULT_ERRORS = {
+    code: {"model": Problem, "content": {"application/problem+json": {}}} for code in (410, 412)
+}
 router = APIRouter(prefix="/v1/conversations", tags=["conversations"], responses=ERRORS)  # type: ignore[arg-type]
 
 
@@ -116,7 +119,7 @@ async def create_conversation(
     )
 
 
-@router.post("/{conversation_id}/messages", response_model=schemas.TurnOut)
+@router.post("/{conversation_id}/messages", response_model=schemas.TurnOut, responses=TOOL_RESULT_ERRORS)  # type: ignore[arg-type]
 async def post_message(
     request: Request,
     conversation_id: ConversationId,
@@ -133,6 +136,27 @@ async def post_message(
         conversation = await service.get(tenant=tenant, conversation_id=conversation_id)
         check_version(if_match, conversation.version)
         return await service.post_message(conversation, body=body, idempotency=idem)
+
+    return await run_idempotent(idempotency, work, status_code=status.HTTP_200_OK)
+
+
+@router.post("/{conversation_id}/tool-results", response_model=schemas.TurnOut, responses=TOOL_RESULT_ERRORS)  # type: ignore[arg-type]
+async def submit_tool_results(
+    request: Request,
+    conversation_id: ConversationId,
+    body: schemas.ToolResults,
+    tenant: Tenant,
+    service: Service,
+    idempotency_key: IdempotencyKey = None,
+    if_match: IfMatch = None,
+) -> Response:
+    """Answer the pending tool calls; the paused block resumes where it stopped and the turn goes on."""
+    idempotency = await idempotency_for(request, tenant=tenant, key=idempotency_key)
+
+    async def work(idem: Idempotency | None) -> schemas.TurnOut:
+        conversation = await service.get(tenant=tenant, conversation_id=conversation_id)
+        check_version(if_match, conversation.version)
+        return await service.submit_tool_results(conversation, body=body, idempotency=idem)
 
     return await run_idempotent(idempotency, work, status_code=status.HTTP_200_OK)
 

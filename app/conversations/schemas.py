@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from app.orchestrator.messages import Part
 
@@ -20,6 +20,48 @@ def _non_blank(value: str) -> str:
     if not value.strip():
         raise ValueError("must not be empty or whitespace")
     return value
+
+
+class FunctionDefinition(BaseModel):
+    """The ``function`` object of the Chat Completions tool shape."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=64)
+    description: str = Field(default="", max_length=4_000)
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolIn(BaseModel):
+    """An external tool in the OpenAI function-tool format, either shape:
+    ``{type, name, description, parameters}`` (Responses) or ``{type, function: {...}}`` (Chat)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["function"]
+    name: str | None = Field(default=None, min_length=1, max_length=64)
+    description: str | None = Field(default=None, max_length=4_000)
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+    function: FunctionDefinition | None = None
+
+    @model_validator(mode="after")
+    def _one_shape(self) -> ToolIn:
+        if (self.function is None) == (self.name is None):
+            raise ValueError("give either `name` (Responses shape) or `function` (Chat Completions shape)")
+        if self.function is not None and (self.description is not None or self.parameters is not None):
+            raise ValueError("with `function`, put description and parameters inside it")
+        return self
+
+    def definition(self) -> FunctionDefinition:
+        """The tool as one shape, whichever it came in."""
+        if self.function is not None:
+            return self.function
+        assert self.name is not None
+        return FunctionDefinition(
+            name=self.name, description=self.description or "", parameters=self.parameters
+        )
 
 
 class CreateConversation(_Request):
@@ -39,6 +81,11 @@ class CreateConversation(_Request):
     max_iterations: int | None = Field(
         default=None, ge=1, le=100, description="Model calls per turn before it fails."
     )
+    tools: list[ToolIn] = Field(
+        default_factory=list,
+        max_length=128,
+        description="External tools the caller runs: calling one pauses the turn with pending_tool_calls.",
+    )
 
     _input = field_validator("input")(_non_blank)
 
@@ -47,8 +94,36 @@ class PostMessage(_Request):
     """The next user message."""
 
     input: str
+    tools: list[ToolIn] | None = Field(
+        default=None,
+        max_length=128,
+        description="Add or replace external tools (by name) from this message on.",
+    )
 
     _input = field_validator("input")(_non_blank)
+
+
+class ToolResultIn(BaseModel):
+    """The caller's answer to one pending call: an ``output`` (any JSON) or an ``error`` message."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tool_call_id: str = Field(min_length=1, max_length=64)
+    output: Any = None
+    error: str | None = Field(default=None, max_length=20_000)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _output_or_error(cls, data: Any) -> Any:
+        if isinstance(data, dict) and ("output" in data) == ("error" in data):
+            raise ValueError("give exactly one of `output` or `error`")
+        return data
+
+
+class ToolResults(_Request):
+    """Results for the pending tool calls, exactly one per pending call."""
+
+    results: list[ToolResultIn] = Field(min_length=1, max_length=128)
 
 
 class Usage(BaseModel):

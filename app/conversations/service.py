@@ -6,12 +6,16 @@ load and lock (short transaction), run the loop (no transaction), persist (one t
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import structlog
+from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.exc import StaleDataError
 
@@ -19,17 +23,26 @@ from app.config import Settings
 from app.conversations import schemas
 from app.conversations.locks import ConversationLocks, keep_alive
 from app.conversations.repository import ConversationRepository
-from app.helpers import Usage
+from app.helpers import HELPERS, Usage
 from app.kit.clock import utcnow
-from app.kit.errors import Conflict, NotFound, PayloadTooLarge, Unprocessable
+from app.kit.errors import Conflict, Gone, NotFound, PayloadTooLarge, Unprocessable
 from app.kit.idempotency import Idempotency
 from app.kit.ids import new_id
 from app.models import Conversation, Message, Turn
 from app.orchestrator.loop import TurnError, TurnInput, TurnLoop, TurnOutcome
-from app.orchestrator.messages import TextPart, TranscriptMessage, load_parts
+from app.orchestrator.messages import (
+    HelpersResultPart,
+    TextPart,
+    ToolResultPart,
+    TranscriptMessage,
+    load_parts,
+)
+from app.orchestrator.paused import PausedBlock, ResumeBlock
 from app.personas.models import Persona
 from app.personas.prompt import build_prompt
-from app.runtime import Limits
+from app.personas.tooldoc import FunctionToolDoc
+from app.runtime import CallReply, Limits
+from app.tools.registry import ToolDefinitionError, ToolRegistry, make_tool
 
 log = structlog.get_logger(__name__)
 
@@ -37,6 +50,26 @@ log = structlog.get_logger(__name__)
 class TurnRunning(Conflict):
     code = "turn_in_progress"
     title = "A turn is already running on this conversation"
+
+
+class NothingPending(Conflict):
+    code = "no_pending_tool_calls"
+    title = "No tool calls are pending"
+
+
+class ToolCallsExpired(Gone):
+    code = "tool_calls_expired"
+    title = "The pending tool calls expired"
+
+
+class WrongToolCallIds(Unprocessable):
+    code = "tool_call_ids_mismatch"
+    title = "Results do not match the pending tool calls"
+
+
+class InvalidTool(Unprocessable):
+    code = "invalid_tool"
+    title = "Invalid tool definition"
 
 
 class UnknownPersona(Unprocessable):
@@ -79,6 +112,7 @@ class ConversationService:
             version=conversation.version,
             metadata=conversation.metadata_,
             max_iterations=conversation.max_iterations,
+            pending_tool_calls=_pending_out(self._paused(conversation)) if conversation.paused else [],
             usage=schemas.Usage(
                 input_tokens=conversation.input_tokens,
                 output_tokens=conversation.output_tokens,
@@ -99,7 +133,7 @@ class ConversationService:
                     id=m.id,
                     seq=m.seq,
                     turn_id=m.turn_id,
-                    role=m.role,  # type: ignore[arg-type]
+                    role=m.role,
                     parts=load_parts(m.parts),
                     created_at=m.created_at,
                 )
@@ -120,6 +154,7 @@ class ConversationService:
             names = ", ".join(sorted(self.personas))
             raise UnknownPersona(f"persona: no persona {body.persona!r}; available: {names}.")
         self._check_input(body.input)
+        tools = _tool_definitions(body.tools, field="tools")
         turn_id = new_id("turn")
         now = utcnow()
         conversation = Conversation(
@@ -130,7 +165,7 @@ class ConversationService:
             instructions=body.instructions,
             metadata_=dict(body.metadata),
             max_iterations=body.max_iterations or self.settings.max_iterations,
-            tools=[],
+            tools=tools,
             status="idle",
             version=0,
             next_seq=0,
@@ -141,7 +176,11 @@ class ConversationService:
         self.repo.add(conversation)
         await self.session.commit()
         return await self._run_turn(
-            conversation, turn_id=turn_id, user_input=body.input, idempotency=idempotency, status_code=201
+            conversation,
+            turn_id=turn_id,
+            new_messages=[_user_text(body.input)],
+            idempotency=idempotency,
+            status_code=201,
         )
 
     async def post_message(
@@ -151,16 +190,95 @@ class ConversationService:
         body: schemas.PostMessage,
         idempotency: Idempotency | None = None,
     ) -> schemas.TurnOut:
-        """Run a turn for the next user message."""
+        """Run a turn for the next user message (after expired tool calls, the model is told)."""
         self._check_input(body.input)
+        new_messages = [_user_text(body.input)]
         if conversation.status == "awaiting_tool_results":
-            raise Conflict(
-                "This conversation is waiting for tool results: POST them to "
-                f"/v1/conversations/{conversation.id}/tool-results first.",
-                extra={"current": {"status": conversation.status}},
+            paused = self._paused(conversation)
+            if not _expired(paused):
+                raise Conflict(
+                    "This conversation is waiting for tool results: POST them to "
+                    f"/v1/conversations/{conversation.id}/tool-results first.",
+                    extra={"current": {"status": conversation.status, "version": conversation.version}},
+                )
+            names = ", ".join(f"{p.id} ({p.call.name})" for p in paused.pending)
+            expired = HelpersResultPart(
+                status="error",
+                text=f"The block was abandoned: the tool calls {names} expired without results "
+                "and were not run.",
             )
+            new_messages.insert(0, TranscriptMessage(role="user", parts=[expired]))
+            conversation.paused = None
+        if body.tools is not None:
+            merged = {t["name"]: t for t in conversation.tools}
+            merged.update({t["name"]: t for t in _tool_definitions(body.tools, field="tools")})
+            conversation.tools = list(merged.values())
         return await self._run_turn(
-            conversation, turn_id=new_id("turn"), user_input=body.input, idempotency=idempotency
+            conversation, turn_id=new_id("turn"), new_messages=new_messages, idempotency=idempotency
+        )
+
+    async def submit_tool_results(
+        self,
+        conversation: Conversation,
+        *,
+        body: schemas.ToolResults,
+        idempotency: Idempotency | None = None,
+    ) -> schemas.TurnOut:
+        """Resume the paused block with the caller's results; it runs again from its snapshot."""
+        if conversation.status != "awaiting_tool_results" or conversation.paused is None:
+            raise NothingPending(
+                f"No tool calls are pending on this conversation (status {conversation.status!r}); "
+                "the results may already have been consumed.",
+                extra={"current": {"status": conversation.status, "version": conversation.version}},
+            )
+        paused = self._paused(conversation)
+        expected = [p.id for p in paused.pending]
+        if _expired(paused):
+            raise ToolCallsExpired(
+                "The pending tool calls expired; send a new message to continue the conversation.",
+                extra={"expected_tool_call_ids": expected},
+            )
+        given = [r.tool_call_id for r in body.results]
+        if sorted(given) != sorted(expected) or len(set(given)) != len(given):
+            unknown = sorted(set(given) - set(expected))
+            missing = sorted(set(expected) - set(given))
+            duplicated = sorted({g for g in given if given.count(g) > 1})
+            problems = [
+                f"{label}: {', '.join(ids)}"
+                for label, ids in (("unknown", unknown), ("missing", missing), ("duplicated", duplicated))
+                if ids
+            ]
+            raise WrongToolCallIds(
+                "results must answer exactly the pending calls (" + "; ".join(problems) + ").",
+                extra={"expected_tool_call_ids": expected},
+            )
+        limit = self.settings.max_tool_output_bytes
+        for result in body.results:
+            size = len(json.dumps(result.output, ensure_ascii=False).encode()) if result.error is None else 0
+            if size > limit:
+                raise PayloadTooLarge(
+                    f"results: the output for {result.tool_call_id} is {size} bytes; the limit is {limit} "
+                    "(SABRE_MAX_TOOL_OUTPUT_BYTES)."
+                )
+        by_id = {r.tool_call_id: r for r in body.results}
+        journal = list(paused.journal)
+        parts: list[ToolResultPart] = []
+        for pending in paused.pending:
+            result = by_id[pending.id]
+            reply = (
+                CallReply(kind="error", error_type="ToolError", error_message=result.error)
+                if result.error is not None
+                else CallReply(kind="value", value=result.output)
+            )
+            journal.append(pending.answered(reply))
+            parts.append(ToolResultPart(tool_call_id=pending.id, output=result.output, error=result.error))
+        conversation.paused = None
+        return await self._run_turn(
+            conversation,
+            turn_id=new_id("turn"),
+            new_messages=[TranscriptMessage(role="user", parts=list(parts))],
+            resume=ResumeBlock(code=paused.code, journal=journal, note=paused.note),
+            idempotency=idempotency,
         )
 
     async def delete(self, *, tenant: str, conversation_id: str) -> None:
@@ -183,8 +301,9 @@ class ConversationService:
         conversation: Conversation,
         *,
         turn_id: str,
-        user_input: str,
+        new_messages: list[TranscriptMessage],
         idempotency: Idempotency | None,
+        resume: ResumeBlock | None = None,
         status_code: int = 200,
     ) -> schemas.TurnOut:
         holder = await self.locks.acquire(conversation.id, turn_id=turn_id)
@@ -204,7 +323,7 @@ class ConversationService:
                 # Phase 1 ends: release the connection while the model and the sandbox work.
                 await self.session.commit()
                 outcome = await self._run_loop(
-                    conversation, turn_id=turn_id, history=history, user_input=user_input
+                    conversation, turn_id=turn_id, history=history, new_messages=new_messages, resume=resume
                 )
                 turn = await self._persist(conversation, turn_id=turn_id, outcome=outcome)
                 if idempotency is not None:
@@ -223,26 +342,32 @@ class ConversationService:
         *,
         turn_id: str,
         history: Sequence[TranscriptMessage],
-        user_input: str,
+        new_messages: list[TranscriptMessage],
+        resume: ResumeBlock | None,
     ) -> TurnOutcome:
         persona = self.personas.get(conversation.persona) or self.personas["default"]
         workdir = self._workdir(conversation.id)
         workdir.mkdir(parents=True, exist_ok=True)
-        user = TranscriptMessage(role="user", parts=[TextPart(text=user_input)])
+        registry, warnings, request_tools = self._registry(persona, conversation)
         turn = TurnInput(
             conversation_id=conversation.id,
             turn_id=turn_id,
-            system_prompt=build_prompt(persona, instructions=conversation.instructions),
+            system_prompt=build_prompt(persona, instructions=conversation.instructions, tools=request_tools),
             model=conversation.model or self.settings.model,
             history=history,
-            new_messages=[user],
+            new_messages=new_messages,
             snapshot=conversation.snapshot,
             max_iterations=conversation.max_iterations,
             workdir=workdir,
             limits=self._limits(),
+            tools=registry,
+            resume=resume,
+            tool_call_ttl=timedelta(seconds=self.settings.tool_call_ttl_seconds),
         )
         try:
-            return await self.loop.run(turn)
+            outcome = await self.loop.run(turn)
+            outcome.warnings = warnings + outcome.warnings
+            return outcome
         except Exception:
             # A bug of ours must not lose the user's message or wedge the conversation.
             log.exception("turn_crashed", conversation_id=conversation.id, turn_id=turn_id)
@@ -255,7 +380,7 @@ class ConversationService:
                     retryable=True,
                 ),
                 usage=Usage(),
-                messages=[user],
+                messages=new_messages,
                 snapshot=conversation.snapshot,
             )
 
@@ -313,7 +438,8 @@ class ConversationService:
         conversation.next_seq = seq
         conversation.version = version
         conversation.snapshot = outcome.snapshot
-        conversation.status = "awaiting_tool_results" if outcome.status == "awaiting_tool_results" else "idle"
+        conversation.paused = outcome.paused.to_store() if outcome.paused is not None else None
+        conversation.status = "awaiting_tool_results" if outcome.paused is not None else "idle"
         conversation.input_tokens += usage.input_tokens
         conversation.output_tokens += usage.output_tokens
         conversation.llm_calls += usage.llm_calls
@@ -339,16 +465,50 @@ class ConversationService:
             ),
             version=version,
             warnings=outcome.warnings,
+            pending_tool_calls=_pending_out(outcome.paused),
         )
 
     # -- helpers -------------------------------------------------------------------------------
 
     async def _history(self, conversation: Conversation) -> list[TranscriptMessage]:
         rows = await self.repo.messages(conversation_id=conversation.id)
-        return [
-            TranscriptMessage(role=row.role, parts=load_parts(row.parts))  # type: ignore[arg-type]
-            for row in rows
-        ]
+        return [TranscriptMessage(role=row.role, parts=load_parts(row.parts)) for row in rows]
+
+    def _paused(self, conversation: Conversation) -> PausedBlock:
+        """The stored pause record; one written by an unknown version is refused, not guessed at."""
+        try:
+            return PausedBlock.from_store(conversation.paused or {})
+        except ValidationError as exc:
+            raise Conflict(
+                "The paused turn of this conversation was stored by an incompatible version of SABRE "
+                "and cannot be resumed; send a new message after deleting it.",
+            ) from exc
+
+    def _registry(
+        self, persona: Persona, conversation: Conversation
+    ) -> tuple[ToolRegistry, list[str], list[FunctionToolDoc]]:
+        """The conversation's tools: the persona's external tools, then the request's (which win)."""
+        registry = ToolRegistry()
+        warnings: list[str] = []
+        for custom in persona.custom_tools:
+            if custom.execution_mode == "external":
+                registry.register(
+                    make_tool(
+                        name=custom.name,
+                        description=custom.description,
+                        parameters=custom.parameters,
+                        mode="external",
+                    )
+                )
+        docs: list[FunctionToolDoc] = []
+        for definition in conversation.tools:
+            if registry.get(definition["name"]) is not None:
+                warnings.append(
+                    f"tool {definition['name']!r} from the request replaces the persona's tool of that name"
+                )
+            registry.register(make_tool(mode="external", **definition))
+            docs.append(FunctionToolDoc(**definition))
+        return registry, warnings, docs
 
     def _check_input(self, text: str) -> None:
         limit = self.settings.max_input_chars
@@ -368,3 +528,55 @@ class ConversationService:
             wall_clock_seconds=s.block_wall_clock_seconds,
             stdout_bytes=s.block_stdout_bytes,
         )
+
+
+def _user_text(text: str) -> TranscriptMessage:
+    return TranscriptMessage(role="user", parts=[TextPart(text=text)])
+
+
+def _expired(paused: PausedBlock) -> bool:
+    now = utcnow()
+    return any(p.expires_at <= now for p in paused.pending)
+
+
+def _pending_out(paused: PausedBlock | None) -> list[schemas.PendingToolCall]:
+    if paused is None:
+        return []
+    return [
+        schemas.PendingToolCall(
+            id=p.id, name=p.call.name, arguments=p.call.arguments, code=p.call.code, expires_at=p.expires_at
+        )
+        for p in paused.pending
+    ]
+
+
+RESERVED_NAMES = frozenset(HELPERS) | {"ToolError", "print", "result"}
+
+
+def _tool_definitions(tools: Sequence[schemas.ToolIn], *, field: str) -> list[dict[str, Any]]:
+    """Validated, normalised tool definitions (one shape) for the store; 422 naming the bad one."""
+    seen: set[str] = set()
+    definitions: list[dict[str, Any]] = []
+    for index, tool in enumerate(tools):
+        definition = tool.definition()
+        try:
+            make_tool(
+                name=definition.name,
+                description=definition.description,
+                parameters=definition.parameters,
+                mode="external",
+                reserved=RESERVED_NAMES,
+            )
+        except ToolDefinitionError as exc:
+            raise InvalidTool(f"{field}.{index}: {exc}") from exc
+        if definition.name in seen:
+            raise InvalidTool(f"{field}.{index}: tool {definition.name!r} is declared twice")
+        seen.add(definition.name)
+        definitions.append(
+            {
+                "name": definition.name,
+                "description": definition.description,
+                "parameters": definition.parameters or {"type": "object", "properties": {}},
+            }
+        )
+    return definitions

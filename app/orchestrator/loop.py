@@ -9,22 +9,28 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
 
 import structlog
 
 from app.helpers import HELPERS, PARENT_HELPERS, HelperContext, HelperError, Usage
+from app.kit.clock import utcnow
+from app.kit.ids import new_id
 from app.llm.base import LLMClient, LLMError
 from app.orchestrator.messages import (
     HelpersPart,
     HelpersResultPart,
     TextPart,
+    ToolCallPart,
     TranscriptMessage,
 )
 from app.orchestrator.parser import blocks, parse, prose
+from app.orchestrator.paused import PausedBlock, PendingCall, ResumeBlock
 from app.orchestrator.render import render_helpers_result, to_llm_messages
-from app.runtime import BlockOutcome, CallReply, HelperCall, JournalEntry, Limits, RuntimePool
+from app.runtime import BlockOutcome, CallReply, HelperCall, Limits, RuntimePool
+from app.tools.registry import ToolRegistry
 
 log = structlog.get_logger(__name__)
 
@@ -54,6 +60,9 @@ class TurnInput:
     max_iterations: int
     workdir: Path
     limits: Limits
+    tools: ToolRegistry = field(default_factory=ToolRegistry)
+    resume: ResumeBlock | None = None
+    tool_call_ttl: timedelta = timedelta(hours=24)
 
 
 @dataclass(slots=True)
@@ -66,6 +75,7 @@ class TurnOutcome:
     usage: Usage
     messages: list[TranscriptMessage]
     snapshot: bytes | None
+    paused: PausedBlock | None = None
     warnings: list[str] = field(default_factory=list)
 
 
@@ -78,60 +88,96 @@ class TurnLoop:
         self._max_output_chars = max_output_chars
 
     async def run(self, turn: TurnInput) -> TurnOutcome:
-        """Run one turn to completion, failure or ``max_iterations``."""
+        """Run one turn until the model answers, the turn pauses on a tool call, or it fails."""
         ctx = HelperContext(llm=self._llm, model=turn.model)
         messages = list(turn.new_messages)
         snapshot = turn.snapshot
         last_prose: str | None = None
+        block = turn.resume  # a resumed turn first finishes the block it paused in
 
-        for _ in range(turn.max_iterations):
-            ctx.usage.iterations += 1
-            try:
-                response = await self._llm.complete(
-                    model=turn.model,
-                    instructions=turn.system_prompt,
-                    messages=to_llm_messages([*turn.history, *messages]),
+        while True:
+            if block is None:
+                if ctx.usage.iterations >= turn.max_iterations:
+                    error = TurnError(
+                        code="max_iterations_reached",
+                        message=f"The model did not finish within max_iterations={turn.max_iterations}.",
+                    )
+                    return _finish("failed", last_prose, ctx, messages, snapshot, error=error)
+                ctx.usage.iterations += 1
+                try:
+                    response = await self._llm.complete(
+                        model=turn.model,
+                        instructions=turn.system_prompt,
+                        messages=to_llm_messages([*turn.history, *messages]),
+                    )
+                except LLMError as exc:
+                    log.warning("llm_failed", turn_id=turn.turn_id, code=exc.code)
+                    error = TurnError(code=exc.code, message=exc.message, retryable=exc.retryable)
+                    return _finish("failed", last_prose, ctx, messages, snapshot, error=error)
+                ctx.usage.add_llm(response.usage)
+                segments = parse(response.text)
+                code_blocks = blocks(segments)
+                last_prose = prose(segments)
+                messages.append(_assistant_message(segments))
+                if not code_blocks:
+                    return _finish("completed", last_prose, ctx, messages, snapshot)
+                note = (
+                    "Only the first <helpers> block of your message was run: write one block at a time."
+                    if len(code_blocks) > 1
+                    else None
                 )
-            except LLMError as exc:
-                log.warning("llm_failed", turn_id=turn.turn_id, code=exc.code)
-                error = TurnError(code=exc.code, message=exc.message, retryable=exc.retryable)
-                return self._finish("failed", last_prose, ctx, messages, snapshot, error=error)
-            ctx.usage.add_llm(response.usage)
-
-            segments = parse(response.text)
-            code_blocks = blocks(segments)
-            last_prose = prose(segments)
-            messages.append(_assistant_message(segments))
-            if not code_blocks:
-                return self._finish("completed", last_prose, ctx, messages, snapshot)
+                block = ResumeBlock(code=code_blocks[0].content, note=note)
 
             outcome = await self._pool.run_block(
-                code=code_blocks[0].content,
+                code=block.code,
                 snapshot=snapshot,
                 workdir=turn.workdir,
                 limits=turn.limits,
                 internal_helpers=PARENT_HELPERS,
-                external_tools={},
-                journal=(),
-                on_call=lambda call: self._on_call(ctx, call),
+                external_tools={t.name: t.param_names for t in turn.tools.get_external_tools()},
+                journal=block.journal,
+                on_call=lambda call: self._on_call(ctx, turn.tools, call),
             )
+            if outcome.status == "suspended" and outcome.pending is not None:
+                pending = PendingCall(
+                    id=new_id("call"), call=outcome.pending, expires_at=utcnow() + turn.tool_call_ttl
+                )
+                messages.append(
+                    TranscriptMessage(
+                        role="assistant",
+                        parts=[
+                            ToolCallPart(
+                                id=pending.id,
+                                name=pending.call.name,
+                                arguments=pending.call.arguments,
+                                code=pending.call.code,
+                            )
+                        ],
+                    )
+                )
+                paused = PausedBlock(
+                    code=block.code, journal=outcome.journal, pending=[pending], note=block.note
+                )
+                # The snapshot stays the one from before the block: the resume replays it from there.
+                result = _finish("awaiting_tool_results", None, ctx, messages, snapshot)
+                result.paused = paused
+                return result
             if outcome.snapshot is not None:
                 snapshot = outcome.snapshot
-            note = (
-                "Only the first <helpers> block of your message was run: write one block at a time."
-                if len(code_blocks) > 1
-                else None
-            )
-            messages.append(self._result_message(outcome, note=note))
+            messages.append(self._result_message(outcome, note=block.note))
+            block = None
 
-        error = TurnError(
-            code="max_iterations_reached",
-            message=f"The model did not finish within max_iterations={turn.max_iterations}.",
-        )
-        return self._finish("failed", last_prose, ctx, messages, snapshot, error=error)
-
-    async def _on_call(self, ctx: HelperContext, call: HelperCall) -> CallReply:
-        """Answer a helper call the sandboxed code made (parent-side helpers only)."""
+    async def _on_call(self, ctx: HelperContext, tools: ToolRegistry, call: HelperCall) -> CallReply:
+        """Answer a call the sandboxed code made: run a parent-side helper, or pause on an external tool."""
+        if call.kind == "external":
+            tool = tools.get(call.name)
+            if tool is None:
+                return CallReply(kind="error", error_type="NameError", error_message=f"no tool {call.name!r}")
+            problem = tool.validate_arguments(call.arguments)
+            if problem is not None:
+                # The model sees this inside its block and can fix the call; the caller never does.
+                return CallReply(kind="error", error_type="ToolArgumentError", error_message=problem)
+            return CallReply(kind="suspend")
         spec = HELPERS.get(call.name)
         if spec is None or spec.handler is None:
             return CallReply(kind="error", error_type="NameError", error_message=f"no helper {call.name!r}")
@@ -148,24 +194,19 @@ class TurnLoop:
         part = HelpersResultPart(status=outcome.status, text=text, dropped=outcome.dropped)
         return TranscriptMessage(role="user", parts=[part])
 
-    @staticmethod
-    def _finish(
-        status: TurnStatus,
-        output: str | None,
-        ctx: HelperContext,
-        messages: list[TranscriptMessage],
-        snapshot: bytes | None,
-        *,
-        error: TurnError | None = None,
-    ) -> TurnOutcome:
-        return TurnOutcome(
-            status=status,
-            output=output,
-            error=error,
-            usage=ctx.usage,
-            messages=messages,
-            snapshot=snapshot,
-        )
+
+def _finish(
+    status: TurnStatus,
+    output: str | None,
+    ctx: HelperContext,
+    messages: list[TranscriptMessage],
+    snapshot: bytes | None,
+    *,
+    error: TurnError | None = None,
+) -> TurnOutcome:
+    return TurnOutcome(
+        status=status, output=output, error=error, usage=ctx.usage, messages=messages, snapshot=snapshot
+    )
 
 
 def _assistant_message(segments: Sequence[Any]) -> TranscriptMessage:
@@ -179,4 +220,4 @@ def _assistant_message(segments: Sequence[Any]) -> TranscriptMessage:
     return TranscriptMessage(role="assistant", parts=list(parts))
 
 
-__all__ = ["JournalEntry", "TurnError", "TurnInput", "TurnLoop", "TurnOutcome", "TurnStatus"]
+__all__ = ["TurnError", "TurnInput", "TurnLoop", "TurnOutcome", "TurnStatus"]

@@ -54,6 +54,8 @@ def to_llm_messages(transcript: Iterable[TranscriptMessage]) -> list[LLMMessage]
                 chunks.append(f"<helpers_result>\n{part.text}\n</helpers_result>")
             elif isinstance(part, ToolCallPart | ToolResultPart):
                 continue  # shown to the model through the block's result, not separately
+        if not chunks:
+            continue
         content = "".join(chunks) if message.role == "assistant" else "\n".join(chunks)
         if rendered and rendered[-1].role == message.role:
             # Consecutive messages of one role (e.g. a failed turn's input) are merged.

@@ -14,30 +14,13 @@ from typing import Any, Literal
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
-ExecutionMode = Literal["internal", "external"]
+from app.personas.tooldoc import render_tool
 
-_JSON_TO_PY = {
-    "string": "str",
-    "integer": "int",
-    "number": "float",
-    "boolean": "bool",
-    "array": "list",
-    "object": "dict",
-    "null": "None",
-}
+ExecutionMode = Literal["internal", "external"]
 
 
 class ToolDefinitionError(ValueError):
     """A tool that cannot be registered; the message names the tool and the problem."""
-
-
-def _annotation(schema: Mapping[str, Any]) -> str:
-    kind = schema.get("type")
-    if isinstance(kind, list):
-        return " | ".join(_JSON_TO_PY.get(str(k), "Any") for k in kind) or "Any"
-    if "enum" in schema:
-        return "Literal[" + ", ".join(repr(v) for v in schema["enum"]) + "]"
-    return _JSON_TO_PY.get(str(kind), "Any")
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,30 +38,9 @@ class Tool:
         """Parameter names in schema order: positional arguments map onto these."""
         return list(self.parameters.get("properties", {}))
 
-    def signature(self) -> str:
-        """The tool as a Python signature, required parameters first."""
-        props: Mapping[str, Any] = self.parameters.get("properties", {})
-        required = set(self.parameters.get("required", []))
-        ordered = [n for n in props if n in required] + [n for n in props if n not in required]
-        params = [
-            f"{name}: {_annotation(props[name])}" + ("" if name in required else " = None")
-            for name in ordered
-        ]
-        return f"{self.name}({', '.join(params)})"
-
     def render(self) -> str:
         """Full documentation for the prompt: signature, description, each parameter."""
-        lines = [f"### {self.signature()}"]
-        if self.description.strip():
-            lines.append(self.description.strip())
-        props: Mapping[str, Any] = self.parameters.get("properties", {})
-        for name, schema in props.items():
-            text = str(schema.get("description", "")).strip()
-            if text:
-                lines.append(f"- `{name}`: {text}")
-        if self.mode == "external":
-            lines.append("(Runs outside this runtime: call it like a function and use its return value.)")
-        return "\n".join(lines) + "\n"
+        return render_tool(self.name, self.description, self.parameters)
 
     def validate_arguments(self, arguments: Mapping[str, Any]) -> str | None:
         """None when ``arguments`` fit the schema, else a message the model can act on."""

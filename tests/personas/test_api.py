@@ -1,0 +1,101 @@
+"""GET /v1/personas and /v1/personas/{name}: what a client sees, behind the API key like the rest."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+
+from app.personas.loader import load_personas
+from app.personas.prompt import build_prompt
+from app.personas.tokens import count_tokens
+from tests.conftest import AppFactory
+
+SHIPPED = ["coder", "data-analyst", "default", "tau2-airline", "tau2-retail", "web-researcher"]
+
+
+async def test_list_personas(client: httpx.AsyncClient) -> None:
+    response = await client.get("/v1/personas")
+    assert response.status_code == 200, response.text
+    data = response.json()["data"]
+    assert [p["name"] for p in data] == SHIPPED
+    by_name = {p["name"]: p for p in data}
+    assert by_name["default"]["featured_helpers"] == ["*"]
+    assert by_name["tau2-retail"]["tokenizer"] == "cl100k_base"
+    personas = load_personas()
+    for name in SHIPPED:
+        assert by_name[name]["prompt_tokens"] == count_tokens(build_prompt(personas[name]))
+        assert by_name[name]["prompt_tokens"] > 200
+    assert "identity" not in by_name["coder"]
+
+
+async def test_get_persona_in_full(client: httpx.AsyncClient) -> None:
+    response = await client.get("/v1/personas/tau2-retail")
+    assert response.status_code == 200, response.text
+    persona = response.json()
+    assert persona["name"] == "tau2-retail"
+    assert persona["identity"].startswith("You are a customer service agent")
+    assert len(persona["examples"]) == 3
+    assert persona["documented_helpers"] == ["result"]
+    tools = {t["name"]: t for t in persona["custom_tools"]}
+    lookup = tools["find_user_id_by_name_zip"]
+    assert lookup["execution_mode"] == "external"
+    assert lookup["implementation"] is None
+    assert lookup["parameters"]["required"] == ["first_name", "last_name", "zip"]
+    assert (
+        lookup["signature"] == "find_user_id_by_name_zip(*, first_name: str, last_name: str, zip: str) -> str"
+    )
+    assert lookup["returns"]["type"] == "str"
+    assert persona["limits"] is None
+    assert persona["network"] is None
+
+    researcher = (await client.get("/v1/personas/web-researcher")).json()
+    assert researcher["network"] == {"allow": ["*"], "deny": []}
+
+
+async def test_unknown_persona_is_a_404_problem(client: httpx.AsyncClient) -> None:
+    response = await client.get("/v1/personas/pirate")
+    assert response.status_code == 404
+    assert response.headers["content-type"].startswith("application/problem+json")
+    problem = response.json()
+    assert problem["code"] == "not_found"
+    assert problem["detail"] == f"No persona 'pirate'; available: {', '.join(SHIPPED)}."
+    assert problem["instance"] == "/v1/personas/pirate"
+
+
+async def test_personas_need_an_api_key_when_keys_exist(make_client: AppFactory) -> None:
+    async with make_client(api_keys="acme:sk-acme-key") as c:
+        assert (await c.get("/v1/personas")).status_code == 401
+        assert (await c.get("/v1/personas/default")).status_code == 401
+        headers = {"Authorization": "Bearer sk-acme-key"}
+        assert (await c.get("/v1/personas", headers=headers)).status_code == 200
+        assert (await c.get("/v1/personas/default", headers=headers)).status_code == 200
+
+
+async def test_user_personas_are_served(make_client: AppFactory, tmp_path: Path) -> None:
+    user = tmp_path / "personas"
+    user.mkdir()
+    (user / "coder.yaml").write_text("identity: You are my coder.\nfeatured_helpers: [result]\n")
+    (user / "support.yaml").write_text(
+        "description: Support desk.\n"
+        "identity: You answer support tickets.\n"
+        "custom_tools:\n"
+        "  - name: lookup_ticket\n"
+        "    description: Find a ticket.\n"
+        "    execution_mode: internal\n"
+        "    implementation: mcp://helpdesk/get_ticket\n"
+        "limits: {cpu_seconds: 5}\n"
+    )
+    async with make_client(personas_dir=user) as c:
+        names = [p["name"] for p in (await c.get("/v1/personas")).json()["data"]]
+        assert names == sorted([*SHIPPED, "support"])
+        coder = (await c.get("/v1/personas/coder")).json()
+        assert coder["identity"] == "You are my coder."
+        support = (await c.get("/v1/personas/support")).json()
+        assert support["custom_tools"][0]["implementation"] == "mcp"
+        assert support["limits"] == {
+            "cpu_seconds": 5.0,
+            "memory_mb": None,
+            "wall_clock_seconds": None,
+            "stdout_bytes": None,
+        }
