@@ -8,7 +8,6 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from sqlalchemy import JSON, DateTime, Dialect, MetaData, TypeDecorator, event
-from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     AsyncSession,
@@ -25,8 +24,9 @@ NAMING_CONVENTION = {
     "pk": "pk_%(table_name)s",
 }
 
-# JSON on SQLite, JSONB on PostgreSQL: one column type for both stores.
-JSONType = JSON().with_variant(JSONB(), "postgresql")
+# Plain JSON on both stores, not JSONB: JSONB reorders object keys, and the order of a tool schema's
+# properties is the order positional arguments map onto.
+JSONType = JSON()
 
 
 class UTCDateTime(TypeDecorator[datetime]):

@@ -9,7 +9,6 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
-from sqlalchemy.dialects import postgresql
 
 revision: str = "0001"
 down_revision: str | None = None
@@ -42,13 +41,13 @@ def upgrade() -> None:
         sa.Column("instructions", sa.Text(), nullable=True),
         sa.Column(
             "metadata",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
+            sa.JSON(),
             nullable=False,
         ),
         sa.Column("max_iterations", sa.Integer(), nullable=False),
         sa.Column(
             "tools",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
+            sa.JSON(),
             nullable=False,
         ),
         sa.Column("status", sa.String(length=32), nullable=False),
@@ -57,7 +56,7 @@ def upgrade() -> None:
         sa.Column("snapshot", sa.LargeBinary(), nullable=True),
         sa.Column(
             "paused",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
+            sa.JSON(),
             nullable=True,
         ),
         sa.Column("lock_turn_id", sa.String(length=40), nullable=True),
@@ -81,7 +80,7 @@ def upgrade() -> None:
         sa.Column("status_code", sa.Integer(), nullable=False),
         sa.Column(
             "response",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
+            sa.JSON(),
             nullable=False,
         ),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
@@ -96,7 +95,7 @@ def upgrade() -> None:
         sa.Column("role", sa.String(length=16), nullable=False),
         sa.Column(
             "parts",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
+            sa.JSON(),
             nullable=False,
         ),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
@@ -117,17 +116,17 @@ def upgrade() -> None:
         sa.Column("output", sa.Text(), nullable=True),
         sa.Column(
             "error",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
+            sa.JSON(),
             nullable=True,
         ),
         sa.Column(
             "usage",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
+            sa.JSON(),
             nullable=False,
         ),
         sa.Column(
             "warnings",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
+            sa.JSON(),
             nullable=False,
         ),
         sa.Column("version", sa.Integer(), nullable=False),
