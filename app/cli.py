@@ -141,3 +141,7 @@ def personas_prompt(name: Annotated[str, typer.Argument(help="The persona whose 
 def main() -> None:
     """Console-script entry point."""
     cli()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+# SABRE service image: Python 3.11, uv-managed dependencies, bubblewrap for the sandbox.
+FROM python:3.11-slim-bookworm
+
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends bubblewrap \
+    && rm -rf /var/lib/apt/lists/*
+RUN pip install --no-cache-dir uv
+
+ENV UV_LINK_MODE=copy \
+    UV_PROJECT_ENVIRONMENT=/opt/venv \
+    PATH=/opt/venv/bin:$PATH \
+    SABRE_HOST=0.0.0.0 \
+    SABRE_PORT=8011 \
+    SABRE_DATA_DIR=/data
+
+WORKDIR /srv/sabre
+# Dependencies first, so code changes do not reinstall them.
+COPY pyproject.toml uv.lock README.md ./
+RUN uv sync --locked --no-dev --no-install-project
+COPY app ./app
+COPY migrations ./migrations
+COPY alembic.ini ./
+COPY personas ./personas
+COPY openapi ./openapi
+RUN uv sync --locked --no-dev
+
+RUN useradd --system --create-home --home-dir /home/sabre sabre \
+    && mkdir -p /data && chown sabre /data
+USER sabre
+VOLUME ["/data"]
+EXPOSE 8011
+
+HEALTHCHECK --interval=15s --timeout=3s CMD python -c "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:8011/healthz').status != 200)"
+# Upgrade the schema, then serve (sabre migrate is a no-op when it is current).
+CMD ["sh", "-c", "sabre migrate && exec sabre serve"]
