@@ -335,7 +335,9 @@ class _FileChecker:
                 where = self._label(loc, raw.get("custom_tools"))
                 self.add(_pydantic_message(err, loc, known=_fields_at(loc), where=where), line=line)
             return None
-        return persona if not any(p.severity == "error" for p in self.problems) else None
+        if any(p.severity == "error" for p in self.problems):
+            return None
+        return _absolute_implementations(persona, base=self.path.parent)
 
     @staticmethod
     def _label(loc: Loc, tools: Any) -> str:
@@ -410,9 +412,7 @@ class _FileChecker:
         if not isinstance(ref, PythonRef):
             return
         line = self.line(loc)
-        file = Path(os.path.expandvars(os.path.expanduser(ref.path)))
-        if not file.is_absolute():
-            file = (self.path.parent / file).resolve()
+        file = resolve_python_path(ref.path, base=self.path.parent)
         if not file.is_file():
             self.add(f"implementation file {str(file)!r} does not exist", line=line)
             return
@@ -453,6 +453,28 @@ class _FileChecker:
             close = difflib.get_close_matches(entry, known, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             self.add(f"featured_helpers[{i}]: no helper or custom tool named {entry!r}{hint}", line=line)
+
+
+def resolve_python_path(path: str, *, base: Path) -> Path:
+    """An implementation file: ``~`` and ``$VARS`` expanded, relative paths against ``base`` (the
+    directory of the persona file that names it)."""
+    file = Path(os.path.expandvars(os.path.expanduser(path)))
+    return file if file.is_absolute() else (base / file).resolve()
+
+
+def _absolute_implementations(persona: Persona, *, base: Path) -> Persona:
+    """The persona with every ``file.py::function`` made absolute, so whoever loads the tool later
+    does not need to know where the persona file was."""
+    tools = []
+    changed = False
+    for tool in persona.custom_tools:
+        ref = tool.ref
+        if isinstance(ref, PythonRef):
+            absolute = f"{resolve_python_path(ref.path, base=base)}::{ref.function}"
+            changed = changed or absolute != tool.implementation
+            tool = tool.model_copy(update={"implementation": absolute})
+        tools.append(tool)
+    return persona.model_copy(update={"custom_tools": tuple(tools)}) if changed else persona
 
 
 def _find_definition(tree: ast.Module, name: str) -> ast.stmt | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from functools import cache
 from importlib.resources import files
 from typing import Protocol
@@ -89,8 +90,16 @@ def _examples(persona: Persona) -> str | None:
     return f"## Example Workflows\n\nHere is how you approach typical tasks:\n\n{body}"
 
 
-def _head(persona: Persona, helpers: Mapping[str, HelperSpec]) -> tuple[str, tuple[tuple[str, str], ...]]:
-    """The persona's constant part up to its helper docs, and its custom tools' rendered docs."""
+@dataclass(frozen=True, slots=True)
+class _Head:
+    """What a persona contributes to every prompt, rendered once."""
+
+    text: str  # identity, flow, meta patterns, examples, featured helpers
+    tool_docs: tuple[tuple[str, str], ...]  # (name, rendered docs) of its custom tools
+    tools_body: str  # the same docs joined, for the common case where no caller tool clashes
+
+
+def _head(persona: Persona, helpers: Mapping[str, HelperSpec]) -> _Head:
     sections = [
         persona.identity.strip(),
         _template("execution_flow.md"),
@@ -102,30 +111,36 @@ def _head(persona: Persona, helpers: Mapping[str, HelperSpec]) -> tuple[str, tup
     docs = "\n".join(spec.render() for spec in featured(persona, helpers=helpers)).strip()
     if docs:
         sections.append(f"## Featured Helpers\n\n{docs}")
-    tools = tuple((tool.name, tool.render()) for tool in persona.custom_tools)
-    return "\n\n".join(sections), tools
+    tool_docs = tuple((tool.name, tool.render().strip()) for tool in persona.custom_tools)
+    return _Head(
+        text="\n\n".join(sections),
+        tool_docs=tool_docs,
+        tools_body="\n\n".join(doc for _, doc in tool_docs),
+    )
 
 
-_HEADS: IdentityCache[tuple[str, tuple[tuple[str, str], ...]]] = IdentityCache()
+_HEADS: IdentityCache[_Head] = IdentityCache()
+_TOOLS_INTRO = (
+    "These functions are in your namespace: call them from `<helpers>` blocks with keyword "
+    "arguments and use their return values like any Python value. Some run in the caller's "
+    "systems: the block then waits for their result, which your code does not notice."
+)
 
 
-def _tools_section(persona_tools: Sequence[tuple[str, str]], tools: Sequence[ToolDoc]) -> str | None:
+def _tools_section(head: _Head, tools: Sequence[ToolDoc]) -> str | None:
     """Docs of the conversation's tools: the persona's, then the caller's; the caller's tool wins a
     name clash (it is the one the runtime registers)."""
     passed: dict[str, ToolDoc] = {}
     for tool in tools:
         passed.setdefault(tool.name, tool)
-    docs = [doc for name, doc in persona_tools if name not in passed]
-    docs += [tool.render() for tool in passed.values()]
+    if any(name in passed for name, _ in head.tool_docs):
+        own = [doc for name, doc in head.tool_docs if name not in passed]
+    else:
+        own = [head.tools_body] if head.tools_body else []
+    docs = own + [tool.render().strip() for tool in passed.values()]
     if not docs:
         return None
-    intro = (
-        "These functions are in your namespace: call them from `<helpers>` blocks with keyword "
-        "arguments and use their return values like any Python value. Some run in the caller's "
-        "systems: the block then waits for their result, which your code does not notice."
-    )
-    body = "\n".join(doc.strip() + "\n" for doc in docs).strip()
-    return f"## Tools\n\n{intro}\n\n{body}"
+    return "## Tools\n\n" + _TOOLS_INTRO + "\n\n" + "\n\n".join(docs)
 
 
 def render_prompt(
@@ -136,10 +151,10 @@ def render_prompt(
     tools: Sequence[ToolDoc] = (),
 ) -> str:
     """``build_prompt`` against an explicit helper registry (tests, benchmarks)."""
-    key = (id(helpers), len(helpers))
-    head, persona_tools = _HEADS.get(persona, key, lambda: _head(persona, helpers))
-    sections = [head]
-    tool_docs = _tools_section(persona_tools, tools)
+    key = tuple(helpers.items())  # a few hundred ns; catches a registry that changed since
+    head = _HEADS.get(persona, key, lambda: _head(persona, helpers))
+    sections = [head.text]
+    tool_docs = _tools_section(head, tools)
     if tool_docs:
         sections.append(tool_docs)
     sections.append(_template("helpers_pointer.md"))

@@ -39,7 +39,7 @@ def load_configured_personas(settings: Settings) -> dict[str, Persona]:
 
 def prompt_tokens(persona: Persona) -> int:
     """Tokens of the persona's system prompt as a conversation without request tools sees it."""
-    key = (id(HELPERS), len(HELPERS), tokenizer_name())
+    key = (tuple(HELPERS.items()), tokenizer_name())
     return _TOKENS.get(persona, key, lambda: count_tokens(build_prompt(persona)))
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 _SCALARS: dict[str, str] = {
     "string": "str",
@@ -24,6 +24,11 @@ _SCALARS: dict[str, str] = {
 _MAX_DEPTH = 3
 
 
+def _is_map(value: Any) -> TypeGuard[Mapping[str, Any]]:
+    """``isinstance(value, Mapping)``, with the common case (a dict) first: ABC checks are slow."""
+    return isinstance(value, (dict, Mapping))
+
+
 def _union(parts: Sequence[str]) -> str:
     """``a | b`` without repeats, in first-seen order."""
     unique = list(dict.fromkeys(parts))
@@ -32,7 +37,7 @@ def _union(parts: Sequence[str]) -> str:
 
 def annotation(schema: Any, *, depth: int = 0) -> str:
     """A Python type annotation for a JSON Schema (``Literal`` for enums, ``list[...]`` for arrays)."""
-    if not isinstance(schema, Mapping) or depth > _MAX_DEPTH:
+    if not _is_map(schema) or depth > _MAX_DEPTH:
         return "Any"
     if "enum" in schema and isinstance(schema["enum"], list):
         return f"Literal[{', '.join(repr(v) for v in schema['enum'])}]"
@@ -48,7 +53,7 @@ def annotation(schema: Any, *, depth: int = 0) -> str:
         return _union([annotation({**schema, "type": k}, depth=depth) for k in kind])
     if kind == "array":
         items = schema.get("items")
-        return f"list[{annotation(items, depth=depth + 1)}]" if isinstance(items, Mapping) else "list"
+        return f"list[{annotation(items, depth=depth + 1)}]" if _is_map(items) else "list"
     if isinstance(kind, str):
         return _SCALARS.get(kind, "Any")
     return "Any"
@@ -59,13 +64,13 @@ def shape(schema: Any, *, depth: int = 0) -> str | None:
 
     ``None`` when the schema (or the items of an array schema) has no declared properties.
     """
-    if not isinstance(schema, Mapping) or depth > _MAX_DEPTH:
+    if not _is_map(schema) or depth > _MAX_DEPTH:
         return None
     if schema.get("type") == "array":
         inner = shape(schema.get("items"), depth=depth + 1)
         return f"[{inner}, ...]" if inner else None
     props = schema.get("properties")
-    if not isinstance(props, Mapping) or not props:
+    if not _is_map(props) or not props:
         return None
     required = set(schema.get("required") or ())
     fields = []
@@ -86,12 +91,12 @@ def _default(schema: Mapping[str, Any]) -> str:
 def signature(name: str, parameters: Mapping[str, Any], *, returns: str | None = None) -> str:
     """``name(*, a: str, b: int = 0) -> returns``: required parameters first, keyword-only."""
     props = parameters.get("properties")
-    props = props if isinstance(props, Mapping) else {}
+    props = props if _is_map(props) else {}
     required = [p for p in (parameters.get("required") or ()) if p in props]
     optional = [p for p in props if p not in required]
     params = [f"{p}: {annotation(props[p])}" for p in required]
     for p in optional:
-        sub = props[p] if isinstance(props[p], Mapping) else {}
+        sub = props[p] if _is_map(props[p]) else {}
         kind = annotation(sub)
         if "default" not in sub and kind != "Any" and "None" not in kind.split(" | "):
             kind = f"{kind} | None"
@@ -118,9 +123,9 @@ def render_tool(
         lines.append(description.strip())
     props = parameters.get("properties")
     params = []
-    if isinstance(props, Mapping):
+    if _is_map(props):
         for key, sub in props.items():
-            sub = sub if isinstance(sub, Mapping) else {}
+            sub = sub if _is_map(sub) else {}
             text = _one_line(str(sub.get("description", "")))
             detail = shape(sub)
             if detail:

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
+import pytest
 
-from app.personas.loader import load_personas
+from app.personas.loader import PersonaError, load_personas
 from app.personas.prompt import build_prompt
 from app.personas.tokens import count_tokens
 from tests.conftest import AppFactory
@@ -99,3 +100,11 @@ async def test_user_personas_are_served(make_client: AppFactory, tmp_path: Path)
             "wall_clock_seconds": None,
             "stdout_bytes": None,
         }
+
+
+async def test_a_broken_user_persona_stops_the_service(make_client: AppFactory, tmp_path: Path) -> None:
+    (tmp_path / "coder.yaml").write_text("identity: x\nfeatured_helpers: [no_such_helper]\n")
+    with pytest.raises(PersonaError) as caught:
+        async with make_client(personas_dir=tmp_path):
+            pass
+    assert f"{tmp_path / 'coder.yaml'}:2: persona 'coder': featured_helpers[0]" in str(caught.value)

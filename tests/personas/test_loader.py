@@ -398,7 +398,9 @@ def test_implementation_relative_to_the_persona_file(tmp_path: Path) -> None:
             implementation: tools/risk.py::score
         """,
     )
-    assert load_persona_file(path).custom_tools[0].implementation == "tools/risk.py::score"
+    # Loaded personas carry absolute paths: the runtime need not know where the YAML was.
+    expected = (user_dir / "tools" / "risk.py").resolve()
+    assert load_persona_file(path).custom_tools[0].implementation == f"{expected}::score"
 
 
 def test_implementation_that_does_not_parse(tmp_path: Path) -> None:

@@ -23,14 +23,11 @@ def suspend_external(internal_value: object = "internal answer") -> Recorder:
     return Recorder(answer)
 
 
-async def test_internal_helper_call_returns_the_parents_value(
-    pool: RuntimePool, tmp_path: Path
-) -> None:
+async def test_internal_helper_call_returns_the_parents_value(pool: RuntimePool, tmp_path: Path) -> None:
     recorder = Recorder(lambda call: CallReply(kind="value", value={"text": "hello"}))
     outcome = await run(
         pool,
-        "import numpy as np\nanswer = llm_call('hi', np.int64(3), temperature=0)\n"
-        "result(answer['text'])\n",
+        "import numpy as np\nanswer = llm_call('hi', np.int64(3), temperature=0)\nresult(answer['text'])\n",
         workdir=tmp_path,
         helpers=["llm_call"],
         on_call=recorder,
@@ -49,9 +46,7 @@ async def test_internal_helper_call_returns_the_parents_value(
         )
     ]
     [entry] = outcome.journal
-    assert entry == JournalEntry(
-        name="llm_call", digest=recorder.calls[0].digest(), value={"text": "hello"}
-    )
+    assert entry == JournalEntry(name="llm_call", digest=recorder.calls[0].digest(), value={"text": "hello"})
 
 
 async def test_internal_arguments_are_best_effort_json(pool: RuntimePool, tmp_path: Path) -> None:
@@ -85,9 +80,7 @@ async def test_error_reply_is_raised_and_catchable(pool: RuntimePool, tmp_path: 
     assert [e.error_type for e in outcome.journal] == ["RateLimited", "RateLimited"]
 
 
-async def test_external_tool_maps_positional_arguments_to_names(
-    pool: RuntimePool, tmp_path: Path
-) -> None:
+async def test_external_tool_maps_positional_arguments_to_names(pool: RuntimePool, tmp_path: Path) -> None:
     recorder = Recorder(lambda call: CallReply(kind="value", value={"status": "shipped"}))
     outcome = await run(
         pool,
@@ -105,9 +98,7 @@ async def test_external_tool_maps_positional_arguments_to_names(
     assert call.line == 1
 
 
-async def test_external_tool_argument_errors_stay_in_the_code(
-    pool: RuntimePool, tmp_path: Path
-) -> None:
+async def test_external_tool_argument_errors_stay_in_the_code(pool: RuntimePool, tmp_path: Path) -> None:
     recorder = Recorder()
     outcome = await run(
         pool,
@@ -142,8 +133,14 @@ async def test_suspend_then_resume_from_the_journal(pool: RuntimePool, tmp_path:
 
     async def resume(journal: list[JournalEntry]):  # type: ignore[no-untyped-def]
         return await run(
-            pool, code, workdir=tmp_path, snapshot=base.snapshot, helpers=["llm_call"],
-            tools=tools, journal=journal, on_call=recorder,
+            pool,
+            code,
+            workdir=tmp_path,
+            snapshot=base.snapshot,
+            helpers=["llm_call"],
+            tools=tools,
+            journal=journal,
+            on_call=recorder,
         )
 
     first = await resume([])
@@ -185,7 +182,11 @@ async def test_a_loop_of_100_external_calls_replays(pool: RuntimePool, tmp_path:
     journal: list[JournalEntry] = []
     for _ in range(101):
         outcome = await run(
-            pool, code, workdir=tmp_path, tools={"add_one": ["x"]}, journal=journal,
+            pool,
+            code,
+            workdir=tmp_path,
+            tools={"add_one": ["x"]},
+            journal=journal,
             on_call=recorder,
         )
         if outcome.status != "suspended":
@@ -206,8 +207,12 @@ async def test_a_different_call_on_replay_is_a_divergence(pool: RuntimePool, tmp
     journal = [JournalEntry.for_call(call, CallReply(kind="value", value=2))]
     recorder = Recorder()
     outcome = await run(
-        pool, "print('start')\ny = add_one(2)\n", workdir=tmp_path, tools={"add_one": ["x"]},
-        journal=journal, on_call=recorder,
+        pool,
+        "print('start')\ny = add_one(2)\n",
+        workdir=tmp_path,
+        tools={"add_one": ["x"]},
+        journal=journal,
+        on_call=recorder,
     )
     assert outcome.status == "error"
     assert outcome.error is not None
@@ -220,7 +225,10 @@ async def test_a_different_call_on_replay_is_a_divergence(pool: RuntimePool, tmp
     assert recorder.calls == []
 
     renamed = await run(
-        pool, "y = sub_one(1)\n", workdir=tmp_path, tools={"add_one": ["x"], "sub_one": ["x"]},
+        pool,
+        "y = sub_one(1)\n",
+        workdir=tmp_path,
+        tools={"add_one": ["x"], "sub_one": ["x"]},
         journal=journal,
     )
     assert renamed.error is not None
@@ -232,9 +240,7 @@ async def test_fewer_calls_on_replay_is_a_divergence(pool: RuntimePool, tmp_path
         name="add_one", kind="external", args=[1], kwargs={}, arguments={"x": 1}, line=1, code=None
     )
     journal = [JournalEntry.for_call(call, CallReply(kind="value", value=2))] * 2
-    outcome = await run(
-        pool, "y = add_one(1)\n", workdir=tmp_path, tools={"add_one": ["x"]}, journal=journal
-    )
+    outcome = await run(pool, "y = add_one(1)\n", workdir=tmp_path, tools={"add_one": ["x"]}, journal=journal)
     assert outcome.status == "error"
     assert outcome.error is not None
     assert outcome.error.startswith("ReplayDivergenceError: the block made 1 calls, but the journal")
@@ -254,17 +260,29 @@ async def test_an_error_from_on_call_kills_the_block_and_propagates(
 
 async def test_helpers_survive_in_the_namespace_by_name(pool: RuntimePool, tmp_path: Path) -> None:
     """A helper stored in a variable is saved by name and bound to the next block's helper."""
-    first = await run(pool, "ask = llm_call\nfns = {'ask': llm_call}\n", workdir=tmp_path, helpers=["llm_call"])
+    first = await run(
+        pool, "ask = llm_call\nfns = {'ask': llm_call}\n", workdir=tmp_path, helpers=["llm_call"]
+    )
     assert first.dropped == []
     recorder = Recorder(lambda call: CallReply(kind="value", value=call.args[0] * 2))
     second = await run(
-        pool, "result(ask(2))\nresult(fns['ask'](3))\n", workdir=tmp_path, helpers=["llm_call"],
-        snapshot=first.snapshot, on_call=recorder,
+        pool,
+        "result(ask(2))\nresult(fns['ask'](3))\n",
+        workdir=tmp_path,
+        helpers=["llm_call"],
+        snapshot=first.snapshot,
+        on_call=recorder,
     )
     assert second.results == ["4", "6"]
 
 
 async def test_bad_names_are_refused(pool: RuntimePool, tmp_path: Path) -> None:
-    for helpers, tools in [(["result"], {}), (["a b"], {}), (["x"], {"x": []}), ([], {"class": []})]:
-        with pytest.raises(ValueError, match="helper or tool|reserved|both"):
+    cases: list[tuple[list[str], dict[str, list[str]]]] = [
+        (["result"], {}),
+        (["a b"], {}),
+        (["x"], {"x": []}),
+        ([], {"class": []}),
+    ]
+    for helpers, tools in cases:
+        with pytest.raises(ValueError, match=r"helper or tool|reserved|both"):
             await run(pool, "pass", workdir=tmp_path, helpers=helpers, tools=tools)

@@ -29,7 +29,9 @@ async def test_print_and_result(pool: RuntimePool, tmp_path: Path) -> None:
 async def test_variables_persist_through_the_snapshot(pool: RuntimePool, tmp_path: Path) -> None:
     first = await run(pool, "x = 41\nnames = ['a']\n", workdir=tmp_path)
     second = await run(
-        pool, "x += 1\nnames.append('b')\nresult(x)\nresult(names)\n", workdir=tmp_path,
+        pool,
+        "x += 1\nnames.append('b')\nresult(x)\nresult(names)\n",
+        workdir=tmp_path,
         snapshot=first.snapshot,
     )
     assert second.results == ["42", '["a", "b"]']
@@ -42,16 +44,16 @@ async def test_dataframe_persists(pool: RuntimePool, tmp_path: Path) -> None:
         workdir=tmp_path,
     )
     second = await run(
-        pool, "result(int(df['a'].sum()))\nresult(df.shape)\n", workdir=tmp_path,
+        pool,
+        "result(int(df['a'].sum()))\nresult(df.shape)\n",
+        workdir=tmp_path,
         snapshot=first.snapshot,
     )
     assert second.results == ["499500", "[1000, 2]"]
 
 
 async def test_imports_persist_as_modules(pool: RuntimePool, tmp_path: Path) -> None:
-    first = await run(
-        pool, "import numpy as np\nimport json\nfrom os import path\n", workdir=tmp_path
-    )
+    first = await run(pool, "import numpy as np\nimport json\nfrom os import path\n", workdir=tmp_path)
     second = await run(
         pool,
         "result(np.arange(4).sum().item())\nresult(json.dumps([1]))\nresult(path.join('a', 'b'))",
@@ -96,7 +98,9 @@ async def test_unpicklable_values_are_dropped_and_named(pool: RuntimePool, tmp_p
     assert first.results == ["0"]
     assert first.dropped == ["lock", "gen"]
     second = await run(
-        pool, "result(keep)\nresult('gen' in globals())\n", workdir=tmp_path,
+        pool,
+        "result(keep)\nresult('gen' in globals())\n",
+        workdir=tmp_path,
         snapshot=first.snapshot,
     )
     assert second.results == ["42", "False"]
@@ -108,9 +112,7 @@ async def test_error_has_a_line_numbered_traceback_and_keeps_earlier_assignments
 ) -> None:
     first = await run(pool, "x = 1\ny = 1/0\nz = 3\n", workdir=tmp_path)
     assert first.status == "error"
-    assert first.error == (
-        "Traceback (line 2): ZeroDivisionError: division by zero\n  line 2: y = 1/0"
-    )
+    assert first.error == ("Traceback (line 2): ZeroDivisionError: division by zero\n  line 2: y = 1/0")
     assert first.snapshot is not None
     second = await run(
         pool, "result(x)\nresult('z' in globals())\n", workdir=tmp_path, snapshot=first.snapshot
@@ -138,7 +140,9 @@ async def test_syntax_error(pool: RuntimePool, tmp_path: Path) -> None:
 
 async def test_snapshot_over_the_limit(pool: RuntimePool, tmp_path: Path) -> None:
     outcome = await run(
-        pool, "print('made it')\nx = 'a' * 100_000\n", workdir=tmp_path,
+        pool,
+        "print('made it')\nx = 'a' * 100_000\n",
+        workdir=tmp_path,
         limits=Limits(snapshot_bytes=10_000),
     )
     assert outcome.status == "limit"
@@ -159,9 +163,7 @@ async def test_subprocess_output_is_captured(pool: RuntimePool, tmp_path: Path) 
 
 
 async def test_stdout_of_100_mb_is_capped(pool: RuntimePool, tmp_path: Path) -> None:
-    outcome = await run(
-        pool, "for i in range(100):\n    print(str(i % 10) * 1_000_000)\n", workdir=tmp_path
-    )
+    outcome = await run(pool, "for i in range(100):\n    print(str(i % 10) * 1_000_000)\n", workdir=tmp_path)
     assert outcome.status == "ok"
     head, marker, tail = outcome.stdout.partition("\n[... ")
     assert len(head) == 16_000

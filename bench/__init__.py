@@ -1,0 +1,1 @@
+"""Benchmarks (run as scripts; see each module's docstring)."""
