@@ -359,7 +359,7 @@ class ConversationService:
             snapshot=conversation.snapshot,
             max_iterations=conversation.max_iterations,
             workdir=workdir,
-            limits=self._limits(),
+            limits=self._limits(persona),
             tools=registry,
             resume=resume,
             tool_call_ttl=timedelta(seconds=self.settings.tool_call_ttl_seconds),
@@ -520,14 +520,18 @@ class ConversationService:
     def _workdir(self, conversation_id: str) -> Path:
         return self.settings.workspaces_dir / conversation_id
 
-    def _limits(self) -> Limits:
+    def _limits(self, persona: Persona) -> Limits:
+        """The service's block limits, with the persona's own where it sets them."""
         s = self.settings
-        return Limits(
+        limits = Limits(
             cpu_seconds=s.block_cpu_seconds,
             memory_mb=s.block_memory_mb,
             wall_clock_seconds=s.block_wall_clock_seconds,
             stdout_bytes=s.block_stdout_bytes,
         )
+        if persona.limits is None:
+            return limits
+        return limits.model_copy(update=persona.limits.model_dump(exclude_none=True))
 
 
 def _user_text(text: str) -> TranscriptMessage:

@@ -46,9 +46,7 @@ def block(code: str) -> str:
 
 
 async def start(client: httpx.AsyncClient, code: str, **body: Any) -> dict[str, Any]:
-    response = await client.post(
-        "/v1/conversations", json={"input": "help me", "tools": TOOLS, **body}
-    )
+    response = await client.post("/v1/conversations", json={"input": "help me", "tools": TOOLS, **body})
     assert response.status_code == 201, response.text
     return response.json()  # type: ignore[no-any-return]
 
@@ -139,9 +137,7 @@ async def test_calls_in_a_loop(client: httpx.AsyncClient, llm: ScriptedLLM) -> N
     assert "['s0', 's1', 's2']" in llm.requests[-1].all_text
 
 
-async def test_internal_helper_runs_once_across_replays(
-    client: httpx.AsyncClient, llm: ScriptedLLM
-) -> None:
+async def test_internal_helper_runs_once_across_replays(client: httpx.AsyncClient, llm: ScriptedLLM) -> None:
     llm.script(
         block(
             "name = llm_call(['Sarah Johnson'], 'first name only')\n"
@@ -202,9 +198,7 @@ async def test_arguments_that_do_not_fit_the_schema_stay_inside_the_block(
 
 
 @pytest.mark.parametrize("output", [None, 0, 3.5, True, "", [1, "a"], {"nested": {"list": [None]}}])
-async def test_outputs_of_any_json_type(
-    client: httpx.AsyncClient, llm: ScriptedLLM, output: Any
-) -> None:
+async def test_outputs_of_any_json_type(client: httpx.AsyncClient, llm: ScriptedLLM, output: Any) -> None:
     llm.script(block("value = get_order_details(order_id='1')\nresult(repr(value))"), "ok")
     turn = await start(client, "")
     done = await resume(client, turn, output=output)
@@ -241,9 +235,7 @@ async def test_idempotent_create(client: httpx.AsyncClient, llm: ScriptedLLM) ->
 async def test_concurrent_resumes_run_exactly_once(client: httpx.AsyncClient, llm: ScriptedLLM) -> None:
     llm.script(block("print(get_order_details(order_id='1'))"), Reply(text="slow answer", delay=0.8))
     turn = await start(client, "")
-    responses = await asyncio.gather(
-        resume(client, turn, output="a"), resume(client, turn, output="a")
-    )
+    responses = await asyncio.gather(resume(client, turn, output="a"), resume(client, turn, output="a"))
     codes = sorted(r.status_code for r in responses)
     assert codes == [200, 409], [r.text for r in responses]
     conflict = next(r for r in responses if r.status_code == 409).json()
@@ -271,9 +263,7 @@ async def test_expired_calls(make_client: AppFactory, llm: ScriptedLLM) -> None:
         assert state["pending_tool_calls"] == []
 
 
-async def test_bad_results_leave_the_conversation_paused(
-    make_client: AppFactory, llm: ScriptedLLM
-) -> None:
+async def test_bad_results_leave_the_conversation_paused(make_client: AppFactory, llm: ScriptedLLM) -> None:
     llm.script(block("print(get_order_details(order_id='1'))"), "ok")
     async with make_client(max_tool_output_bytes=100) as client:
         turn = await start(client, "")
@@ -334,7 +324,10 @@ async def test_bad_results_leave_the_conversation_paused(
         ([{**FIND_USER, "name": "not an identifier"}], "identifier"),
         ([{**FIND_USER, "name": "class"}], "identifier"),
         ([{**FIND_USER, "name": "llm_call"}], "built-in helper"),
-        ([{**FIND_USER, "parameters": {"type": "object", "properties": {"a": {"type": "nope"}}}}], "JSON Schema"),
+        (
+            [{**FIND_USER, "parameters": {"type": "object", "properties": {"a": {"type": "nope"}}}}],
+            "JSON Schema",
+        ),
         ([{**FIND_USER, "parameters": {"type": "string"}}], "type 'object'"),
         ([FIND_USER, FIND_USER], "twice"),
     ],
@@ -364,7 +357,9 @@ async def test_tools_added_on_a_later_message(client: httpx.AsyncClient, llm: Sc
     conv = (await client.post("/v1/conversations", json={"input": "hi"})).json()["conversation_id"]
     llm.script(block("print(get_order_details(order_id='7'))"))
     turn = (
-        await client.post(f"/v1/conversations/{conv}/messages", json={"input": "order?", "tools": [GET_ORDER]})
+        await client.post(
+            f"/v1/conversations/{conv}/messages", json={"input": "order?", "tools": [GET_ORDER]}
+        )
     ).json()
     assert turn["status"] == "awaiting_tool_results"
     assert turn["pending_tool_calls"][0]["arguments"] == {"order_id": "7"}

@@ -63,11 +63,15 @@ async def test_keys_created_with_the_cli_are_accepted(
 ) -> None:
     env = {"SABRE_DATABASE_URL": str(store["database_url"])}
     # The CLI runs its own event loop, so it gets a thread of its own.
-    result = await asyncio.to_thread(CliRunner().invoke, cli, ["keys", "create", "--tenant", "initech"], env=env)
+    result = await asyncio.to_thread(
+        CliRunner().invoke, cli, ["keys", "create", "--tenant", "initech"], env=env
+    )
     assert result.exit_code == 0, result.output
     secret = result.output.strip().splitlines()[-1]
     assert secret.startswith("sk-sabre-")
-    bad = await asyncio.to_thread(CliRunner().invoke, cli, ["keys", "create", "--tenant", "bad tenant!"], env=env)
+    bad = await asyncio.to_thread(
+        CliRunner().invoke, cli, ["keys", "create", "--tenant", "bad tenant!"], env=env
+    )
     assert bad.exit_code != 0
     llm.script("hello initech")
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import httpx
 
@@ -225,3 +226,23 @@ async def test_second_message_while_a_turn_runs_is_409(client: httpx.AsyncClient
     assert done.status_code == 200
     assert done.json()["turn_id"] == running
     assert (await client.get(f"/v1/conversations/{conv}")).json()["status"] == "idle"
+
+
+async def test_persona_limits_override_the_service_limits(
+    make_client: AppFactory, llm: ScriptedLLM, tmp_path: Path
+) -> None:
+    personas = tmp_path / "personas"
+    personas.mkdir()
+    (personas / "impatient.yaml").write_text(
+        "name: impatient\ndescription: Short fuse.\nidentity: You are quick.\n"
+        "limits:\n  wall_clock_seconds: 1\n",
+        encoding="utf-8",
+    )
+    llm.script(block("while True:\n    pass"), "ok")
+    async with make_client(
+        personas_dir=personas, block_wall_clock_seconds=20, block_cpu_seconds=20
+    ) as client:
+        turn = (await create(client, "spin", persona="impatient")).json()
+    assert turn["status"] == "completed", turn
+    assert "limit: wall_clock 1" in llm.requests[1].all_text
+    assert "You are quick." in llm.requests[0].instructions
