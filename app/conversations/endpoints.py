@@ -14,6 +14,7 @@ from app.conversations.service import ConversationService
 from app.kit.db import Session
 from app.kit.errors import PreconditionFailed, Problem
 from app.kit.idempotency import Idempotency, fingerprint
+from app.models import Conversation
 
 ConversationId = Annotated[str, Path(max_length=64, description="A conversation id (`conv_…`).")]
 
@@ -90,6 +91,27 @@ async def run_idempotent(
     return JSONResponse(turn.model_dump(mode="json"), status_code=status_code)
 
 
+async def continue_conversation(
+    request: Request,
+    *,
+    service: ConversationService,
+    tenant: str,
+    conversation_id: str,
+    idempotency_key: str | None,
+    if_match: str | None,
+    run: Callable[[Conversation, Idempotency | None], Awaitable[schemas.TurnOut]],
+) -> Response:
+    """A turn on an existing conversation: idempotent, and conditional on ``If-Match``."""
+    idempotency = await idempotency_for(request, tenant=tenant, key=idempotency_key)
+
+    async def work(idem: Idempotency | None) -> schemas.TurnOut:
+        conversation = await service.get(tenant=tenant, conversation_id=conversation_id)
+        check_version(if_match, conversation.version)
+        return await run(conversation, idem)
+
+    return await run_idempotent(idempotency, work, status_code=status.HTTP_200_OK)
+
+
 def check_version(if_match: str | None, version: int) -> None:
     """412 when the caller's If-Match names another version than the conversation's."""
     if if_match is None:
@@ -130,14 +152,15 @@ async def post_message(
     if_match: IfMatch = None,
 ) -> Response:
     """Send the next user message and run a turn."""
-    idempotency = await idempotency_for(request, tenant=tenant, key=idempotency_key)
-
-    async def work(idem: Idempotency | None) -> schemas.TurnOut:
-        conversation = await service.get(tenant=tenant, conversation_id=conversation_id)
-        check_version(if_match, conversation.version)
-        return await service.post_message(conversation, body=body, idempotency=idem)
-
-    return await run_idempotent(idempotency, work, status_code=status.HTTP_200_OK)
+    return await continue_conversation(
+        request,
+        service=service,
+        tenant=tenant,
+        conversation_id=conversation_id,
+        idempotency_key=idempotency_key,
+        if_match=if_match,
+        run=lambda conversation, idem: service.post_message(conversation, body=body, idempotency=idem),
+    )
 
 
 @router.post("/{conversation_id}/tool-results", response_model=schemas.TurnOut, responses=TOOL_RESULT_ERRORS)  # type: ignore[arg-type]
@@ -151,14 +174,15 @@ async def submit_tool_results(
     if_match: IfMatch = None,
 ) -> Response:
     """Answer the pending tool calls; the paused block resumes where it stopped and the turn goes on."""
-    idempotency = await idempotency_for(request, tenant=tenant, key=idempotency_key)
-
-    async def work(idem: Idempotency | None) -> schemas.TurnOut:
-        conversation = await service.get(tenant=tenant, conversation_id=conversation_id)
-        check_version(if_match, conversation.version)
-        return await service.submit_tool_results(conversation, body=body, idempotency=idem)
-
-    return await run_idempotent(idempotency, work, status_code=status.HTTP_200_OK)
+    return await continue_conversation(
+        request,
+        service=service,
+        tenant=tenant,
+        conversation_id=conversation_id,
+        idempotency_key=idempotency_key,
+        if_match=if_match,
+        run=lambda conversation, idem: service.submit_tool_results(conversation, body=body, idempotency=idem),
+    )
 
 
 @router.get("/{conversation_id}", response_model=schemas.ConversationOut)
