@@ -30,7 +30,7 @@ from app.orchestrator.parser import blocks, parse, prose
 from app.orchestrator.paused import PausedBlock, PendingCall, ResumeBlock
 from app.orchestrator.render import render_helpers_result, to_llm_messages
 from app.runtime import BlockOutcome, CallReply, HelperCall, Limits, RuntimePool
-from app.tools.registry import ToolRegistry
+from app.tools.registry import Tool, ToolRegistry
 
 log = structlog.get_logger(__name__)
 
@@ -133,7 +133,7 @@ class TurnLoop:
                 snapshot=snapshot,
                 workdir=turn.workdir,
                 limits=turn.limits,
-                internal_helpers=PARENT_HELPERS,
+                internal_helpers=[*PARENT_HELPERS, *(t.name for t in turn.tools.get_internal_tools())],
                 external_tools={t.name: t.param_names for t in turn.tools.get_external_tools()},
                 journal=block.journal,
                 on_call=lambda call: self._on_call(ctx, turn.tools, call),
@@ -178,6 +178,9 @@ class TurnLoop:
                 # The model sees this inside its block and can fix the call; the caller never does.
                 return CallReply(kind="error", error_type="ToolArgumentError", error_message=problem)
             return CallReply(kind="suspend")
+        tool = tools.get(call.name)
+        if tool is not None and tool.handler is not None:
+            return await _call_internal_tool(tool, call)
         spec = HELPERS.get(call.name)
         if spec is None or spec.handler is None:
             return CallReply(kind="error", error_type="NameError", error_message=f"no helper {call.name!r}")
@@ -193,6 +196,26 @@ class TurnLoop:
         text = render_helpers_result(outcome, max_chars=self._max_output_chars, note=note)
         part = HelpersResultPart(status=outcome.status, text=text, dropped=outcome.dropped)
         return TranscriptMessage(role="user", parts=[part])
+
+
+async def _call_internal_tool(tool: Tool, call: HelperCall) -> CallReply:
+    """Run a service-side tool with schema-checked arguments; its failures become ToolError in the code."""
+    try:
+        arguments = tool.bind(call.args, call.kwargs)
+    except TypeError as exc:
+        return CallReply(kind="error", error_type="TypeError", error_message=str(exc))
+    problem = tool.validate_arguments(arguments)
+    if problem is not None:
+        return CallReply(kind="error", error_type="ToolArgumentError", error_message=problem)
+    assert tool.handler is not None
+    try:
+        value = await tool.handler(arguments)
+    except HelperError as exc:
+        return CallReply(kind="error", error_type="ToolError", error_message=str(exc))
+    except Exception as exc:  # a tool's bug is reported to the model, never crashes the turn
+        log.warning("internal_tool_failed", tool=tool.name, error=type(exc).__name__)
+        return CallReply(kind="error", error_type="ToolError", error_message=f"{tool.name} failed: {exc}")
+    return CallReply(kind="value", value=value)
 
 
 def _finish(

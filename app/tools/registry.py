@@ -7,7 +7,7 @@ calling one pauses the turn. Each tool renders its documentation as a Python sig
 from __future__ import annotations
 
 import keyword
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -17,6 +17,9 @@ from jsonschema.exceptions import SchemaError
 from app.personas.tooldoc import render_tool
 
 ExecutionMode = Literal["internal", "external"]
+
+
+ToolHandler = Callable[[Mapping[str, Any]], Awaitable[Any]]
 
 
 class ToolDefinitionError(ValueError):
@@ -31,6 +34,8 @@ class Tool:
     description: str
     parameters: Mapping[str, Any]
     mode: ExecutionMode
+    # Internal tools the service runs itself (e.g. MCP tools): called with the call's JSON arguments.
+    handler: ToolHandler | None = field(default=None, compare=False, hash=False)
     _validator: Draft202012Validator = field(repr=False, compare=False, hash=False, default=None)  # type: ignore[assignment]
 
     @property
@@ -41,6 +46,18 @@ class Tool:
     def render(self) -> str:
         """Full documentation for the prompt: signature, description, each parameter."""
         return render_tool(self.name, self.description, self.parameters)
+
+    def bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """Positional arguments mapped to parameter names (schema order), merged with keywords."""
+        names = self.param_names
+        if len(args) > len(names):
+            raise TypeError(f"{self.name}() takes {len(names)} arguments but {len(args)} were given")
+        bound = dict(zip(names, args, strict=False))
+        for key, value in kwargs.items():
+            if key in bound:
+                raise TypeError(f"{self.name}() got multiple values for argument {key!r}")
+            bound[key] = value
+        return bound
 
     def validate_arguments(self, arguments: Mapping[str, Any]) -> str | None:
         """None when ``arguments`` fit the schema, else a message the model can act on."""
@@ -62,6 +79,7 @@ def make_tool(
     parameters: Mapping[str, Any] | None,
     mode: ExecutionMode,
     reserved: Iterable[str] = (),
+    handler: ToolHandler | None = None,
 ) -> Tool:
     """Check a tool definition (identifier name, not reserved, valid JSON Schema) and build it."""
     if not name.isidentifier() or keyword.iskeyword(name):
@@ -84,6 +102,7 @@ def make_tool(
         description=description,
         parameters=schema,
         mode=mode,
+        handler=handler,
         _validator=Draft202012Validator(schema),
     )
 
@@ -108,6 +127,10 @@ class ToolRegistry:
         """Whether calling ``name`` pauses the turn for the caller."""
         tool = self._tools.get(name)
         return tool is not None and tool.mode == "external"
+
+    def get_internal_tools(self) -> list[Tool]:
+        """The tools the service runs through a handler, in registration order."""
+        return [t for t in self._tools.values() if t.mode == "internal" and t.handler is not None]
 
     def get_external_tools(self) -> list[Tool]:
         """The external tools, in registration order."""
