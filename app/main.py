@@ -9,6 +9,7 @@ from typing import Any
 import structlog
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from prometheus_client import make_asgi_app
 from redis.asyncio import Redis
 from sqlalchemy import text
 
@@ -116,6 +117,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_bytes=app.state.settings.max_body_bytes)
     app.include_router(conversations_router)
     app.include_router(personas_router)
+
+    app.mount("/metrics", make_asgi_app())
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -28,6 +29,7 @@ from app.kit.clock import utcnow
 from app.kit.errors import Conflict, Gone, NotFound, PayloadTooLarge, Unprocessable
 from app.kit.idempotency import Idempotency
 from app.kit.ids import new_id
+from app.kit.metrics import LLM_TOKENS, TURN_SECONDS, TURNS
 from app.models import Conversation, Message, Turn
 from app.orchestrator.loop import TurnError, TurnInput, TurnLoop, TurnOutcome
 from app.orchestrator.messages import (
@@ -306,6 +308,7 @@ class ConversationService:
         resume: ResumeBlock | None = None,
         status_code: int = 200,
     ) -> schemas.TurnOut:
+        started = time.perf_counter()
         holder = await self.locks.acquire(conversation.id, turn_id=turn_id)
         if holder is not None:
             raise TurnRunning(
@@ -332,6 +335,10 @@ class ConversationService:
                     )
                 # Commit before the lock is released: the next turn must see this one's state.
                 await self.session.commit()
+                TURNS.labels(status=turn.status).inc()
+                TURN_SECONDS.observe(time.perf_counter() - started)
+                LLM_TOKENS.labels(direction="input").inc(turn.usage.input_tokens)
+                LLM_TOKENS.labels(direction="output").inc(turn.usage.output_tokens)
                 return turn
         finally:
             await self.locks.release(conversation.id, turn_id=turn_id)

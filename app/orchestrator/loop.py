@@ -18,6 +18,7 @@ import structlog
 from app.helpers import HELPERS, PARENT_HELPERS, HelperContext, HelperError, Usage
 from app.kit.clock import utcnow
 from app.kit.ids import new_id
+from app.kit.metrics import BLOCK_SECONDS, BLOCKS
 from app.llm.base import LLMClient, LLMError
 from app.orchestrator.messages import (
     HelpersPart,
@@ -138,6 +139,8 @@ class TurnLoop:
                 journal=block.journal,
                 on_call=lambda call: self._on_call(ctx, turn.tools, call),
             )
+            BLOCKS.labels(status=outcome.status).inc()
+            BLOCK_SECONDS.observe(outcome.duration_ms / 1000)
             if outcome.status == "suspended" and outcome.pending is not None:
                 pending = PendingCall(
                     id=new_id("call"), call=outcome.pending, expires_at=utcnow() + turn.tool_call_ttl

@@ -246,3 +246,18 @@ async def test_persona_limits_override_the_service_limits(
     assert turn["status"] == "completed", turn
     assert "limit: wall_clock 1" in llm.requests[1].all_text
     assert "You are quick." in llm.requests[0].instructions
+
+
+async def test_metrics_count_turns_and_blocks(client: httpx.AsyncClient, llm: ScriptedLLM) -> None:
+    def value(text: str, name: str) -> float:
+        lines = [line for line in text.splitlines() if line.startswith(name + " ")]
+        return float(lines[0].split()[-1]) if lines else 0.0
+
+    before = (await client.get("/metrics/")).text
+    llm.script(block("print(1)"), "done")
+    await create(client, "count me")
+    after = (await client.get("/metrics/")).text
+    completed = 'sabre_turns_total{status="completed"}'
+    ok_blocks = 'sabre_blocks_total{status="ok"}'
+    assert value(after, completed) == value(before, completed) + 1
+    assert value(after, ok_blocks) == value(before, ok_blocks) + 1
