@@ -33,6 +33,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -90,26 +91,54 @@ def loop_block(calls: int) -> str:
 TAG = re.compile(r"\[bench:(\w+)(?::(\d+))?\]")
 
 
-def responder(request: RecordedRequest) -> str:
+class Responder:
     """Answer after a block ran; otherwise send the block of the conversation's scenario.
 
     The scenario is the ``[bench:NAME(:K)]`` tag in the first user message, so the bench keeps no
-    per-conversation state and concurrent conversations cannot mix up their replies.
+    per-conversation state and concurrent conversations cannot mix up their replies. ScriptedLLM
+    starts its ``time_spent`` clock after the responder returns, so the responder keeps its own
+    clock (``spent``), which the bench adds to the model's time.
     """
-    if "<helpers_result>" in request.last_user_text:
-        return ANSWER
-    first = next((m.text for m in request.messages if m.role == "user"), "")
-    match = TAG.search(first)
-    if match is None:
-        return ANSWER
-    name, k = match.group(1), match.group(2)
-    code = {
-        "turn": TURN_BLOCK,
-        "df": DF_BLOCK,
-        "work": WORK_BLOCK,
-        "loop": loop_block(int(k or 1)),
-    }.get(name)
-    return ANSWER if code is None else f"<helpers>\n{code}\n</helpers>"
+
+    def __init__(self) -> None:
+        self.spent = 0.0
+        self._lock = threading.Lock()
+
+    def __call__(self, request: RecordedRequest) -> str:
+        started = time.perf_counter()
+        try:
+            return self._reply(request)
+        finally:
+            elapsed = time.perf_counter() - started
+            with self._lock:
+                self.spent += elapsed
+
+    @staticmethod
+    def _user_texts(request: RecordedRequest) -> tuple[str, str]:
+        """(first, last) user message text, read straight from a chat body (cheap on long histories)."""
+        messages = request.body.get("messages")
+        if isinstance(messages, list):
+            users = [m.get("content") for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+            if users and isinstance(users[0], str) and isinstance(users[-1], str):
+                return users[0], users[-1]
+        texts = [m.text for m in request.messages if m.role == "user"]
+        return (texts[0], texts[-1]) if texts else ("", "")
+
+    def _reply(self, request: RecordedRequest) -> str:
+        first, last = self._user_texts(request)
+        if "<helpers_result>" in last:
+            return ANSWER
+        match = TAG.search(first)
+        if match is None:
+            return ANSWER
+        name, k = match.group(1), match.group(2)
+        code = {
+            "turn": TURN_BLOCK,
+            "df": DF_BLOCK,
+            "work": WORK_BLOCK,
+            "loop": loop_block(int(k or 1)),
+        }.get(name)
+        return ANSWER if code is None else f"<helpers>\n{code}\n</helpers>"
 
 
 # Statistics and printing.
@@ -228,6 +257,7 @@ class Timed:
 @dataclass
 class Bench:
     llm: ScriptedLLM
+    responder: Responder
     sabre: str
     floor: str
     quick: bool
@@ -236,12 +266,16 @@ class Bench:
     floor_p50: float = float("nan")
     errors: list[str] = field(default_factory=list)
 
+    def llm_time(self) -> float:
+        """The scripted model's own time so far: answering plus choosing the reply."""
+        return self.llm.time_spent + self.responder.spent
+
     async def post(self, client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Timed:
-        llm_before = self.llm.time_spent
+        llm_before = self.llm_time()
         started = time.perf_counter()
         response = await client.post(url, json=body)
         latency = time.perf_counter() - started
-        return Timed(latency, self.llm.time_spent - llm_before, response)
+        return Timed(latency, self.llm_time() - llm_before, response)
 
     def check(self, timed: Timed, expect: str) -> bool:
         """Record (do not raise) a response that is not what the scenario expects."""
@@ -336,12 +370,32 @@ async def turn_overhead(bench: Bench, client: httpx.AsyncClient, n: int) -> None
         ],
         ["floor request (same run)", ms(bench.floor_p50), "", "1.00x"],
     ]
+    # The conversation grows by one turn per request: show whether the overhead grows with it.
+    window = max(1, min(20, len(samples) // 5))
+    first_turn = 12  # turn 1 is the create, turns 2-11 the warm-up
+    for label, part, start in (
+        ("first", samples[:window], first_turn),
+        ("last", samples[-window:], first_turn + len(samples) - window),
+    ):
+        part_over = [s.overhead for s in part]
+        rows.append(
+            [
+                f"overhead, {label} {len(part)} timed turns (turns {start}-{start + len(part) - 1})",
+                ms(pct(part_over, 50)),
+                ms(pct(part_over, 95)),
+                ratio(pct(part_over, 50), bench.floor_p50),
+            ]
+        )
     table(
         f"2. Turn overhead: one `<helpers>` block then an answer, {len(samples)} sequential "
         f"POST /messages on one conversation",
         ["", "p50 ms", "p95 ms", "p50 / floor p50"],
         rows,
-        [f"Each turn: model → block `{TURN_BLOCK!r}` in the sandbox → model → answer (2 LLM calls)."],
+        [
+            f"Each turn: model → block `{TURN_BLOCK!r}` in the sandbox → model → answer (2 LLM calls). "
+            "All turns go to one conversation, so its history grows by 4 messages per turn; the last "
+            "two rows compare the start and the end of the run."
+        ],
     )
 
 
@@ -390,11 +444,12 @@ async def pause_resume(bench: Bench, client: httpx.AsyncClient, per_k: int) -> N
     final: dict[int, list[Timed]] = {k: [] for k in ks}
     # Pause → pause resumes from the K=100 conversations, by how many calls were answered before.
     to_pause: dict[int, list[Timed]] = {0: [], 1: [], 10: [], 99: []}
-    for k in ks:
-        for rep in range(per_k + 1):  # the first conversation per K warms up and is not counted
+    # K values are interleaved so that drift on a noisy machine hits them alike; round 0 warms up.
+    for rep in range(per_k + 1):
+        for k in ks:
             turn = await bench.create(client, f"loop:{k + 1}", tools=True)
             if not bench.check(turn, "awaiting_tool_results"):
-                break
+                continue
             body = turn.body
             for earlier in range(k):
                 timed = await bench.resume(client, body, {"n": 1})
@@ -441,7 +496,8 @@ async def pause_resume(bench: Bench, client: httpx.AsyncClient, per_k: int) -> N
         [
             f"**resume@100 / resume@1 = {ratio(pct([t.overhead for t in final[100]], 50), base)}** "
             "(DESIGN budget: ≤ 2x). The block calls `get_order_details` K+1 times in a loop; the first "
-            "K resumes are taken untimed, the (K+1)-th is timed. Overhead = latency - scripted LLM time."
+            "K resumes are taken untimed, the (K+1)-th is timed; K values are interleaved, one warm-up "
+            "round is dropped. Overhead = latency - scripted LLM time."
         ],
     )
     base_pause = pct([t.overhead for t in to_pause[1]], 50)
@@ -696,6 +752,7 @@ async def run(quick: bool) -> None:
     dsn = f"{base}/{name}"
     admin = await asyncpg.connect(ADMIN_DSN, timeout=5)
     servers: list[Server] = []
+    responder = Responder()
     llm = ScriptedLLM(responder=responder)
     tmp = tempfile.TemporaryDirectory(prefix="sabre_bench_")
     bench: Bench | None = None
@@ -750,6 +807,7 @@ async def run(quick: bool) -> None:
         ready_seconds = time.perf_counter() - started
         bench = Bench(
             llm=llm,
+            responder=responder,
             sabre=servers[0].url,
             floor=servers[1].url,
             quick=quick,
@@ -780,7 +838,10 @@ async def run(quick: bool) -> None:
             await pause_resume(bench, client, per_k)
             await sequential_workload(bench, client, n_turns, floor_latencies)
         await concurrent_workload(bench, duration)
-        print(f"\nScripted LLM: {len(llm.requests)} requests, {llm.time_spent:.2f} s of its own time in all.")
+        print(
+            f"\nScripted LLM: {len(llm.requests)} requests, {bench.llm_time():.2f} s of its own time in all "
+            f"({responder.spent:.2f} s of it choosing replies)."
+        )
         if bench.errors:
             print(f"\n**{len(bench.errors)} unexpected response(s)** (first ones):")
             for error in bench.errors[:5]:
