@@ -38,6 +38,7 @@ def get_service(request: Request, session: Session) -> ConversationService:
         personas=state.personas,
         loop=state.turn_loop,
         locks=state.locks,
+        mcp=state.mcp,
     )
 
 

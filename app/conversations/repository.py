@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import delete, or_, select, update
+from sqlalchemy import delete, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.models import Conversation, Message, Turn
@@ -46,6 +47,27 @@ class ConversationRepository:
         if limit is not None:
             query = query.limit(limit)
         return (await self.session.execute(query)).scalars().all()
+
+    async def current_version(self, *, conversation_id: str) -> int | None:
+        """The stored version of a conversation (None once deleted)."""
+        result = await self.session.execute(
+            select(Conversation.version).where(Conversation.id == conversation_id)
+        )
+        return result.scalar_one_or_none()
+
+    async def history(self, *, conversation_id: str) -> list[tuple[Any, Any]]:
+        """``(role, parts)`` of every message in order, without building ORM objects (hot path)."""
+        result = await self.session.execute(
+            select(Message.role, Message.parts)
+            .where(Message.conversation_id == conversation_id)
+            .order_by(Message.seq)
+        )
+        return [(row[0], row[1]) for row in result]
+
+    async def insert_messages(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Insert many messages in one statement."""
+        if rows:
+            await self.session.execute(insert(Message), list(rows))
 
     def add_all(self, rows: Sequence[Message | Turn]) -> None:
         """Stage new messages and turns."""

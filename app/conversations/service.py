@@ -6,6 +6,7 @@ load and lock (short transaction), run the loop (no transaction), persist (one t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import time
@@ -30,7 +31,7 @@ from app.kit.errors import Conflict, Gone, NotFound, PayloadTooLarge, Unprocessa
 from app.kit.idempotency import Idempotency
 from app.kit.ids import new_id
 from app.kit.metrics import LLM_TOKENS, TURN_SECONDS, TURNS
-from app.models import Conversation, Message, Turn
+from app.models import Conversation, Turn
 from app.orchestrator.loop import TurnError, TurnInput, TurnLoop, TurnOutcome
 from app.orchestrator.messages import (
     HelpersResultPart,
@@ -40,10 +41,12 @@ from app.orchestrator.messages import (
     load_parts,
 )
 from app.orchestrator.paused import PausedBlock, ResumeBlock
-from app.personas.models import Persona
+from app.orchestrator.render import StoredMessage
+from app.personas.models import McpRef, Persona
 from app.personas.prompt import build_prompt
 from app.personas.tooldoc import FunctionToolDoc
 from app.runtime import CallReply, Limits
+from app.tools.mcp import McpManager
 from app.tools.registry import ToolDefinitionError, ToolRegistry, make_tool
 
 log = structlog.get_logger(__name__)
@@ -88,6 +91,7 @@ class ConversationService:
     personas: dict[str, Persona]
     loop: TurnLoop
     locks: ConversationLocks
+    mcp: McpManager | None = None
 
     @property
     def repo(self) -> ConversationRepository:
@@ -171,18 +175,21 @@ class ConversationService:
             status="idle",
             version=0,
             next_seq=0,
+            input_tokens=0,
+            output_tokens=0,
+            llm_calls=0,
+            iterations=0,
             lock_turn_id=None,
             created_at=now,
             updated_at=now,
         )
-        self.repo.add(conversation)
-        await self.session.commit()
         return await self._run_turn(
             conversation,
             turn_id=turn_id,
             new_messages=[_user_text(body.input)],
             idempotency=idempotency,
             status_code=201,
+            new=True,
         )
 
     async def post_message(
@@ -307,48 +314,65 @@ class ConversationService:
         idempotency: Idempotency | None,
         resume: ResumeBlock | None = None,
         status_code: int = 200,
+        new: bool = False,
     ) -> schemas.TurnOut:
+        """Lock, run the loop, persist. A ``new`` conversation is stored with its first turn, in one
+        transaction: nobody knows its id before the response, so it needs no lock and has no history."""
         started = time.perf_counter()
-        holder = await self.locks.acquire(conversation.id, turn_id=turn_id)
-        if holder is not None:
-            raise TurnRunning(
-                f"Turn {holder} is running on this conversation; retry when it has finished.",
-                extra={"current": {"turn_id": holder}},
-            )
+        if not new:
+            seen_version = conversation.version
+            holder = await self.locks.acquire(conversation.id, turn_id=turn_id)
+            if holder is not None:
+                raise TurnRunning(
+                    f"Turn {holder} is running on this conversation; retry when it has finished.",
+                    extra={"current": {"turn_id": holder}},
+                )
         try:
-            async with keep_alive(
-                self.locks,
-                conversation.id,
-                turn_id=turn_id,
-                every=self.settings.lock_lease_seconds / 3,
-            ):
-                history = await self._history(conversation)
+            history: list[StoredMessage] = []
+            if not new:
+                # What we read before taking the lock may be stale: another turn may have finished.
+                if await self.repo.current_version(conversation_id=conversation.id) != seen_version:
+                    raise Conflict(
+                        "The conversation changed while this request waited; read it again and retry.",
+                        extra={"current": {"version": seen_version + 1}},
+                    )
+                history = await self.repo.history(conversation_id=conversation.id)
                 # Phase 1 ends: release the connection while the model and the sandbox work.
                 await self.session.commit()
+            async with (
+                keep_alive(
+                    self.locks, conversation.id, turn_id=turn_id, every=self.settings.lock_lease_seconds / 3
+                )
+                if not new
+                else contextlib.nullcontext()
+            ):
                 outcome = await self._run_loop(
                     conversation, turn_id=turn_id, history=history, new_messages=new_messages, resume=resume
                 )
-                turn = await self._persist(conversation, turn_id=turn_id, outcome=outcome)
-                if idempotency is not None:
-                    await idempotency.complete(
-                        self.session, status_code=status_code, body=turn.model_dump(mode="json")
-                    )
-                # Commit before the lock is released: the next turn must see this one's state.
-                await self.session.commit()
-                TURNS.labels(status=turn.status).inc()
-                TURN_SECONDS.observe(time.perf_counter() - started)
-                LLM_TOKENS.labels(direction="input").inc(turn.usage.input_tokens)
-                LLM_TOKENS.labels(direction="output").inc(turn.usage.output_tokens)
-                return turn
+            if new:
+                self.repo.add(conversation)
+            turn = await self._persist(conversation, turn_id=turn_id, outcome=outcome)
+            if idempotency is not None:
+                await idempotency.complete(
+                    self.session, status_code=status_code, body=turn.model_dump(mode="json")
+                )
+            # Commit before the lock is released: the next turn must see this one's state.
+            await self.session.commit()
         finally:
-            await self.locks.release(conversation.id, turn_id=turn_id)
+            if not new:
+                await self.locks.release(conversation.id, turn_id=turn_id)
+        TURNS.labels(status=turn.status).inc()
+        TURN_SECONDS.observe(time.perf_counter() - started)
+        LLM_TOKENS.labels(direction="input").inc(turn.usage.input_tokens)
+        LLM_TOKENS.labels(direction="output").inc(turn.usage.output_tokens)
+        return turn
 
     async def _run_loop(
         self,
         conversation: Conversation,
         *,
         turn_id: str,
-        history: Sequence[TranscriptMessage],
+        history: Sequence[StoredMessage],
         new_messages: list[TranscriptMessage],
         resume: ResumeBlock | None,
     ) -> TurnOutcome:
@@ -396,21 +420,20 @@ class ConversationService:
     ) -> schemas.TurnOut:
         """Phase 3: messages, the turn, the snapshot and totals, in the request's transaction."""
         now = utcnow()
-        rows: list[Message | Turn] = []
         seq = conversation.next_seq
-        for message in outcome.messages:
-            rows.append(
-                Message(
-                    id=new_id("msg"),
-                    conversation_id=conversation.id,
-                    seq=seq,
-                    turn_id=turn_id,
-                    role=message.role,
-                    parts=message.dump_parts(),
-                    created_at=now,
-                )
-            )
-            seq += 1
+        messages = [
+            {
+                "id": new_id("msg"),
+                "conversation_id": conversation.id,
+                "seq": seq + offset,
+                "turn_id": turn_id,
+                "role": message.role,
+                "parts": message.dump_parts(),
+                "created_at": now,
+            }
+            for offset, message in enumerate(outcome.messages)
+        ]
+        seq += len(messages)
         usage = outcome.usage
         version = conversation.version + 1
         error = (
@@ -422,26 +445,27 @@ class ConversationService:
             if outcome.error
             else None
         )
-        rows.append(
-            Turn(
-                id=turn_id,
-                conversation_id=conversation.id,
-                status=outcome.status,
-                output=outcome.output,
-                error=error,
-                usage={
-                    "input_tokens": usage.input_tokens,
-                    "output_tokens": usage.output_tokens,
-                    "llm_calls": usage.llm_calls,
-                    "iterations": usage.iterations,
-                },
-                warnings=outcome.warnings,
-                version=version,
-                created_at=now,
-                finished_at=now,
-            )
+        self.repo.add_all(
+            [
+                Turn(
+                    id=turn_id,
+                    conversation_id=conversation.id,
+                    status=outcome.status,
+                    output=outcome.output,
+                    error=error,
+                    usage={
+                        "input_tokens": usage.input_tokens,
+                        "output_tokens": usage.output_tokens,
+                        "llm_calls": usage.llm_calls,
+                        "iterations": usage.iterations,
+                    },
+                    warnings=outcome.warnings,
+                    version=version,
+                    created_at=now,
+                    finished_at=now,
+                )
+            ]
         )
-        self.repo.add_all(rows)
         conversation.next_seq = seq
         conversation.version = version
         conversation.snapshot = outcome.snapshot
@@ -454,6 +478,7 @@ class ConversationService:
         conversation.updated_at = now
         try:
             await self.session.flush()
+            await self.repo.insert_messages(messages)
         except StaleDataError as exc:
             raise TurnRunning(
                 "The conversation changed while this turn ran; its result was discarded."
@@ -477,10 +502,6 @@ class ConversationService:
 
     # -- helpers -------------------------------------------------------------------------------
 
-    async def _history(self, conversation: Conversation) -> list[TranscriptMessage]:
-        rows = await self.repo.messages(conversation_id=conversation.id)
-        return [TranscriptMessage(role=row.role, parts=load_parts(row.parts)) for row in rows]
-
     def _paused(self, conversation: Conversation) -> PausedBlock:
         """The stored pause record; one written by an unknown version is refused, not guessed at."""
         try:
@@ -494,7 +515,7 @@ class ConversationService:
     def _registry(
         self, persona: Persona, conversation: Conversation
     ) -> tuple[ToolRegistry, list[str], list[FunctionToolDoc]]:
-        """The conversation's tools: the persona's external tools, then the request's (which win)."""
+        """The conversation's tools: the persona's external and MCP tools, then the request's (which win)."""
         registry = ToolRegistry()
         warnings: list[str] = []
         for custom in persona.custom_tools:
@@ -507,6 +528,19 @@ class ConversationService:
                         mode="external",
                     )
                 )
+            # -- MCP tools: run by the service through the app's McpManager (app/tools/mcp.py) --
+            ref = custom.ref
+            if custom.execution_mode == "internal" and isinstance(ref, McpRef) and self.mcp is not None:
+                registry.register(
+                    make_tool(
+                        name=custom.name,
+                        description=custom.description,
+                        parameters=custom.parameters,
+                        mode="internal",
+                        handler=self.mcp.handler(ref.server, ref.tool),
+                    )
+                )
+            # -- end of MCP tools --
         docs: list[FunctionToolDoc] = []
         for definition in conversation.tools:
             if registry.get(definition["name"]) is not None:

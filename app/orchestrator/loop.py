@@ -29,7 +29,7 @@ from app.orchestrator.messages import (
 )
 from app.orchestrator.parser import blocks, parse, prose
 from app.orchestrator.paused import PausedBlock, PendingCall, ResumeBlock
-from app.orchestrator.render import render_helpers_result, to_llm_messages
+from app.orchestrator.render import StoredMessage, render_helpers_result, to_llm_messages
 from app.runtime import BlockOutcome, CallReply, HelperCall, Limits, RuntimePool
 from app.tools.registry import Tool, ToolRegistry
 
@@ -55,7 +55,7 @@ class TurnInput:
     turn_id: str
     system_prompt: str
     model: str
-    history: Sequence[TranscriptMessage]
+    history: Sequence[StoredMessage]
     new_messages: list[TranscriptMessage]
     snapshot: bytes | None
     max_iterations: int
@@ -95,6 +95,7 @@ class TurnLoop:
         snapshot = turn.snapshot
         last_prose: str | None = None
         block = turn.resume  # a resumed turn first finishes the block it paused in
+        history = to_llm_messages(turn.history)  # rendered once; only this turn's messages change
 
         while True:
             if block is None:
@@ -109,7 +110,7 @@ class TurnLoop:
                     response = await self._llm.complete(
                         model=turn.model,
                         instructions=turn.system_prompt,
-                        messages=to_llm_messages([*turn.history, *messages]),
+                        messages=to_llm_messages(((m.role, m.dump_parts()) for m in messages), after=history),
                     )
                 except LLMError as exc:
                     log.warning("llm_failed", turn_id=turn.turn_id, code=exc.code)

@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from app.llm.base import LLMMessage
-from app.orchestrator.messages import (
-    HelpersPart,
-    HelpersResultPart,
-    TextPart,
-    ToolCallPart,
-    ToolResultPart,
-    TranscriptMessage,
-)
+from app.orchestrator.messages import Role
 from app.runtime import BlockOutcome
 
 
@@ -40,26 +34,36 @@ def render_helpers_result(outcome: BlockOutcome, *, max_chars: int, note: str | 
     return body
 
 
-def to_llm_messages(transcript: Iterable[TranscriptMessage]) -> list[LLMMessage]:
-    """The transcript as the model sees it: blocks re-wrapped in their tags, results in theirs."""
-    rendered: list[LLMMessage] = []
-    for message in transcript:
+StoredMessage = tuple[Role, Sequence[Mapping[str, Any]]]
+"""A message as stored: its role and its parts as JSON dicts (the history is rendered straight from
+these, without building models: it is read on every turn and grows with the conversation)."""
+
+
+def to_llm_messages(
+    transcript: Iterable[StoredMessage], *, after: Sequence[LLMMessage] = ()
+) -> list[LLMMessage]:
+    """The transcript as the model sees it: blocks re-wrapped in their tags, results in theirs.
+
+    ``after`` is an already rendered prefix (the history) that the new messages continue.
+    """
+    rendered = list(after)
+    for role, parts in transcript:
         chunks: list[str] = []
-        for part in message.parts:
-            if isinstance(part, TextPart):
-                chunks.append(part.text)
-            elif isinstance(part, HelpersPart):
-                chunks.append(f"<helpers>\n{part.code}\n</helpers>")
-            elif isinstance(part, HelpersResultPart):
-                chunks.append(f"<helpers_result>\n{part.text}\n</helpers_result>")
-            elif isinstance(part, ToolCallPart | ToolResultPart):
-                continue  # shown to the model through the block's result, not separately
+        for part in parts:
+            kind = part["kind"]
+            if kind == "text":
+                chunks.append(part["text"])
+            elif kind == "helpers":
+                chunks.append(f"<helpers>\n{part['code']}\n</helpers>")
+            elif kind == "helpers_result":
+                chunks.append(f"<helpers_result>\n{part['text']}\n</helpers_result>")
+            # tool_call and tool_result parts reach the model through the block's result instead.
         if not chunks:
             continue
-        content = "".join(chunks) if message.role == "assistant" else "\n".join(chunks)
-        if rendered and rendered[-1].role == message.role:
+        content = "".join(chunks) if role == "assistant" else "\n".join(chunks)
+        if rendered and rendered[-1].role == role:
             # Consecutive messages of one role (e.g. a failed turn's input) are merged.
-            rendered[-1] = LLMMessage(role=message.role, content=rendered[-1].content + "\n\n" + content)
+            rendered[-1] = LLMMessage(role=role, content=rendered[-1].content + "\n\n" + content)
         else:
-            rendered.append(LLMMessage(role=message.role, content=content))
+            rendered.append(LLMMessage(role=role, content=content))
     return rendered
