@@ -6,6 +6,8 @@ calling one pauses the turn. Each tool renders its documentation as a Python sig
 
 from __future__ import annotations
 
+import functools
+import json
 import keyword
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -88,7 +90,7 @@ def make_tool(
         raise ToolDefinitionError(f"tool {name!r}: the name is taken by a built-in helper")
     schema = dict(parameters) if parameters is not None else {"type": "object", "properties": {}}
     try:
-        Draft202012Validator.check_schema(schema)
+        validator = _validator_for(json.dumps(schema, sort_keys=True, default=str))
     except SchemaError as exc:
         raise ToolDefinitionError(
             f"tool {name!r}: parameters is not a valid JSON Schema: {exc.message}"
@@ -103,8 +105,17 @@ def make_tool(
         parameters=schema,
         mode=mode,
         handler=handler,
-        _validator=Draft202012Validator(schema),
+        _validator=validator,
     )
+
+
+@functools.lru_cache(maxsize=2048)
+def _validator_for(schema_json: str) -> Draft202012Validator:
+    """A checked validator per distinct schema: checking a schema against the meta-schema costs
+    milliseconds, and the same tools come back on every turn of a conversation."""
+    schema = json.loads(schema_json)
+    Draft202012Validator.check_schema(schema)
+    return Draft202012Validator(schema)
 
 
 class ToolRegistry:
