@@ -23,26 +23,48 @@ def serve(
         str | None, typer.Option(help="Address to bind (default SABRE_HOST or 127.0.0.1).")
     ] = None,
     port: Annotated[int | None, typer.Option(help="Port (default SABRE_PORT or 8011).")] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(min=1, max=64, help="Server processes (default SABRE_WEB_WORKERS or 1; use the cores)."),
+    ] = None,
 ) -> None:
-    """Run the HTTP service (the embedded SQLite store upgrades itself)."""
+    """Run the HTTP service (the embedded SQLite store upgrades itself).
+
+    The service is stateless, so several processes serve one store; each has its own sandbox pool.
+    """
+    import os
+
     import uvicorn
 
     from app.kit.logging import configure_logging
-    from app.main import create_app
 
-    overrides: dict[str, object] = {}
+    # Overrides go through the environment so that every worker process reads the same settings.
     if host is not None:
-        overrides["host"] = host
+        os.environ["SABRE_HOST"] = host
     if port is not None:
-        overrides["port"] = port
-    settings = Settings(**overrides)  # type: ignore[arg-type]
+        os.environ["SABRE_PORT"] = str(port)
+    if workers is not None:
+        os.environ["SABRE_WEB_WORKERS"] = str(workers)
+    settings = Settings()
     if not settings.api_keys and not is_loopback(settings.host):
         typer.echo(
             f"note: binding {settings.host} requires API keys (SABRE_API_KEYS or `sabre keys create`)",
             err=True,
         )
     configure_logging()
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
+    if settings.is_sqlite and settings.web_workers > 1:
+        # Upgrade once here, not concurrently in every worker's lifespan.
+        from app.kit.migrate import upgrade_sync
+
+        upgrade_sync(settings.effective_database_url)
+    uvicorn.run(
+        "app.main:create_app",
+        factory=True,
+        host=settings.host,
+        port=settings.port,
+        workers=settings.web_workers,
+        log_level="warning",
+    )
 
 
 @cli.command()

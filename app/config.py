@@ -24,6 +24,12 @@ def _xdg_personas_dir() -> Path:
     return Path(base) / "sabre" / "personas"
 
 
+def _xdg_mcp_servers() -> Path:
+    """MCP servers (``$XDG_CONFIG_HOME/sabre/mcp_servers.yaml``, default ``~/.config/sabre/...``)."""
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "sabre" / "mcp_servers.yaml"
+
+
 class Settings(BaseSettings):
     """Service configuration; every field maps to an environment variable (see README)."""
 
@@ -32,6 +38,9 @@ class Settings(BaseSettings):
     data_dir: Path = Field(default_factory=_xdg_data_home)
     database_url: str | None = None
     personas_dir: Path = Field(default_factory=_xdg_personas_dir)
+    # A missing default file means no MCP servers; a missing file set explicitly is a start-up error.
+    mcp_servers: Path = Field(default_factory=_xdg_mcp_servers)
+    mcp_timeout_seconds: float = Field(default=60.0, gt=0)
     redis_url: str | None = None
 
     openai_api_key: SecretStr | None = Field(
@@ -49,6 +58,7 @@ class Settings(BaseSettings):
     api_keys: str = ""
     host: str = "127.0.0.1"
     port: int = 8011
+    web_workers: int = Field(default=1, ge=1, le=64)
 
     max_input_chars: int = Field(default=100_000, ge=1)
     max_body_bytes: int = Field(default=2_000_000, ge=1024)
