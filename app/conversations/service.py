@@ -393,6 +393,7 @@ class ConversationService:
             limits=self._limits(persona),
             tools=registry,
             resume=resume,
+            network=persona.network,
             tool_call_ttl=timedelta(seconds=self.settings.tool_call_ttl_seconds),
         )
         try:

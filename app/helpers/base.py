@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
 from app.llm.base import LLMClient, LLMUsage
+
+if TYPE_CHECKING:
+    from app.personas.models import Network
 
 
 @dataclass(slots=True)
@@ -32,6 +36,14 @@ class HelperContext:
     llm: LLMClient
     model: str
     usage: Usage = field(default_factory=Usage)
+    # The conversation's working directory (the sandbox's cwd): where downloads are written.
+    workdir: Path | None = None
+    # The persona's network policy for helpers that fetch over the network (None: the default).
+    network: Network | None = None
+    # Runs a sub-task in a fresh child conversation (``sabre_call``): (description, data) -> answer.
+    subtask: Callable[[str, list[Any]], Awaitable[str]] | None = None
+    # How deep in nested sub-tasks this context is (0: the conversation's own turn).
+    depth: int = 0
 
 
 HelperFn = Callable[[HelperContext, list[Any], dict[str, Any]], Awaitable[Any]]

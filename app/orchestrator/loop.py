@@ -30,6 +30,7 @@ from app.orchestrator.messages import (
 from app.orchestrator.parser import blocks, parse, prose
 from app.orchestrator.paused import PausedBlock, PendingCall, ResumeBlock
 from app.orchestrator.render import StoredMessage, render_helpers_result, to_llm_messages
+from app.personas.models import Network
 from app.runtime import BlockOutcome, CallReply, HelperCall, Limits, RuntimePool
 from app.tools.registry import Tool, ToolRegistry
 
@@ -63,6 +64,7 @@ class TurnInput:
     limits: Limits
     tools: ToolRegistry = field(default_factory=ToolRegistry)
     resume: ResumeBlock | None = None
+    network: Network | None = None
     tool_call_ttl: timedelta = timedelta(hours=24)
 
 
@@ -90,7 +92,7 @@ class TurnLoop:
 
     async def run(self, turn: TurnInput) -> TurnOutcome:
         """Run one turn until the model answers, the turn pauses on a tool call, or it fails."""
-        ctx = HelperContext(llm=self._llm, model=turn.model)
+        ctx = HelperContext(llm=self._llm, model=turn.model, workdir=turn.workdir, network=turn.network)
         messages = list(turn.new_messages)
         snapshot = turn.snapshot
         last_prose: str | None = None
