@@ -90,9 +90,12 @@ class TurnLoop:
         self._pool = pool
         self._max_output_chars = max_output_chars
 
-    async def run(self, turn: TurnInput) -> TurnOutcome:
+    async def run(self, turn: TurnInput, *, depth: int = 0) -> TurnOutcome:
         """Run one turn until the model answers, the turn pauses on a tool call, or it fails."""
-        ctx = HelperContext(llm=self._llm, model=turn.model, workdir=turn.workdir, network=turn.network)
+        ctx = HelperContext(
+            llm=self._llm, model=turn.model, workdir=turn.workdir, network=turn.network, depth=depth
+        )
+        ctx.subtask = lambda description, data: self._subtask(turn, ctx, description=description, data=data)
         messages = list(turn.new_messages)
         snapshot = turn.snapshot
         last_prose: str | None = None
@@ -172,6 +175,35 @@ class TurnLoop:
                 snapshot = outcome.snapshot
             messages.append(self._result_message(outcome, note=block.note))
             block = None
+
+    async def _subtask(
+        self, parent: TurnInput, ctx: HelperContext, *, description: str, data: list[Any]
+    ) -> str:
+        """``sabre_call``: the task in a fresh child conversation (no history, empty namespace, no
+        external tools: a sub-task cannot pause for the caller), sharing the working directory."""
+        body = description if not data else description + "\n\nData:\n" + "\n".join(map(str, data))
+        child = TurnInput(
+            conversation_id=parent.conversation_id,
+            turn_id=f"{parent.turn_id}/sub",
+            system_prompt=parent.system_prompt,
+            model=parent.model,
+            history=(),
+            new_messages=[TranscriptMessage(role="user", parts=[TextPart(text=body)])],
+            snapshot=None,
+            max_iterations=parent.max_iterations,
+            workdir=parent.workdir,
+            limits=parent.limits,
+            network=parent.network,
+        )
+        outcome = await self.run(child, depth=ctx.depth + 1)
+        for field_name in ("input_tokens", "output_tokens", "llm_calls", "iterations"):
+            setattr(
+                ctx.usage, field_name, getattr(ctx.usage, field_name) + getattr(outcome.usage, field_name)
+            )
+        if outcome.status != "completed":
+            reason = outcome.error.message if outcome.error else outcome.status
+            raise HelperError(f"sabre_call: the sub-task did not complete: {reason}")
+        return outcome.output or ""
 
     async def _on_call(self, ctx: HelperContext, tools: ToolRegistry, call: HelperCall) -> CallReply:
         """Answer a call the sandboxed code made: run a parent-side helper, or pause on an external tool."""
