@@ -33,6 +33,7 @@ from app.runtime.protocol import (
     decode_header,
     decode_prefix,
     encode_frame,
+    limit_label,
 )
 from app.runtime.schemas import BlockOutcome, CallReply, HelperCall, JournalEntry, Limits
 
@@ -103,7 +104,8 @@ class _DoneFrame(_Frame):
 
 
 class _BlockFailed(Exception):
-    """The block cannot go on with this worker: recycle it and report ``outcome``."""
+    """The block ended without reporting (killed, timed out, garbage): the worker is recycled
+    and the outcome built from this."""
 
     def __init__(self, status: Literal["error", "limit"], message: str) -> None:
         super().__init__(message)
@@ -126,23 +128,31 @@ class _Worker:
         self._stdin = proc.stdin
         self._stdout = proc.stdout
 
-    async def read(self, *, max_blob: int) -> tuple[dict[str, Any], bytes]:
+    async def read(
+        self, *, max_blob: int, max_header: int = MAX_HEADER_BYTES
+    ) -> tuple[dict[str, Any], bytes]:
         """Read one frame; FrameError if it is malformed or too large."""
         try:
             prefix = await self._stdout.readexactly(PREFIX.size)
-            header_len, blob_len = decode_prefix(prefix, max_header=MAX_HEADER_BYTES, max_blob=max_blob)
+            header_len, blob_len = decode_prefix(prefix, max_header=max_header, max_blob=max_blob)
             data = await self._stdout.readexactly(header_len + blob_len)
         except asyncio.IncompleteReadError:
             raise FrameError("the sandbox worker closed its pipe (it died)") from None
         return decode_header(data[:header_len]), data[header_len:]
 
     async def send(self, data: bytes) -> None:
-        self._stdin.write(data)
-        await self._stdin.drain()
+        """Write one frame; FrameError if the worker is gone."""
+        try:
+            self._stdin.write(data)
+            await self._stdin.drain()
+        except (ConnectionError, RuntimeError) as exc:  # RuntimeError: the transport is closed
+            raise FrameError(f"the sandbox worker closed its pipe (it died): {exc}") from None
 
     def kill(self) -> None:
         """SIGKILL the child's process group (the code and what it started) and the worker."""
         self.dead = True
+        if self.proc.returncode is not None:
+            return  # reaped already: its pid (and the child's, gone with it) may be reused
         for pgid in (self.child_pid, self.proc.pid):
             if pgid:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -159,9 +169,9 @@ def _exit_failure(frame: _ExitFrame, limits: Limits) -> _BlockFailed:
         frame.signal == signal.SIGKILL and frame.cpu_seconds >= limits.cpu_seconds
     ):
         # SIGKILL past the CPU limit is RLIMIT_CPU's hard limit (the code ignored SIGXCPU).
-        return _BlockFailed("limit", f"cpu_time {limits.cpu_seconds:g}s")
+        return _BlockFailed("limit", limit_label("cpu_time", limits.model_dump()))
     if frame.signal == signal.SIGXFSZ:
-        return _BlockFailed("limit", f"file_size {limits.file_size_mb}MB")
+        return _BlockFailed("limit", limit_label("file_size", limits.model_dump()))
     if frame.signal is not None:
         name = signal.Signals(frame.signal).name if frame.signal in signal.valid_signals() else ""
         hint = " (possibly out of memory)" if frame.signal == signal.SIGKILL else ""
@@ -185,6 +195,12 @@ class RuntimePool:
         self._workers: set[_Worker] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        self._spawn_error: str | None = None  # why the last replacement failed to start
+
+    @property
+    def idle_workers(self) -> int:
+        """Workers whose child is forked and waiting for a block (for readiness and metrics)."""
+        return self._idle.qsize()
 
     # Lifespan ------------------------------------------------------------------------------
 
@@ -262,11 +278,13 @@ class RuntimePool:
         while not self._closed:
             try:
                 worker = await self._spawn()
-            except Exception:
+            except Exception as exc:
+                self._spawn_error = str(exc) or type(exc).__name__
                 logger.exception("sandbox worker failed to start; retrying in %.1fs", delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _MAX_RESPAWN_DELAY)
             else:
+                self._spawn_error = None
                 self._idle.put_nowait(worker)
                 return
 
@@ -318,19 +336,10 @@ class RuntimePool:
                 "v": PROTOCOL_VERSION,
                 "code": code,
                 "workdir": str(workdir),
-                "limits": limits.model_dump(),
+                "limits": dict(limits),  # flat model: same as model_dump(), a tenth of the cost
                 "helpers": list(internal_helpers),
                 "tools": {name: list(params) for name, params in external_tools.items()},
-                "journal": [
-                    {
-                        "name": e.name,
-                        "digest": e.digest,
-                        "value": e.value,
-                        "error_type": e.error_type,
-                        "error_message": e.error_message,
-                    }
-                    for e in journal
-                ],
+                "journal": [_wire_entry(e) for e in journal],
             },
             snapshot or b"",
         )
@@ -347,8 +356,7 @@ class RuntimePool:
             on_call=on_call,
         )
         try:
-            await worker.send(request)
-            outcome = await exchange.run()
+            outcome = await exchange.run(request)
         except _BlockFailed as failed:
             worker.kill()
             return BlockOutcome(
@@ -371,11 +379,46 @@ class RuntimePool:
         return outcome
 
     async def _acquire(self) -> _Worker:
-        """An idle worker (waiting for one if all are busy); dead ones are skipped."""
+        """An idle worker, waiting for one if all are busy; dead ones are skipped.
+
+        Fails rather than wait forever when the pool is closed, or has no worker left and
+        cannot start one.
+        """
         while True:
-            worker = await self._idle.get()
+            if self._idle.empty():
+                if self._closed:
+                    raise RuntimeError("the runtime pool is closed")
+                if not self._workers and self._spawn_error is not None:
+                    raise RuntimeError(f"no sandbox worker can start: {self._spawn_error}")
+                try:
+                    async with asyncio.timeout(1.0):  # then look at the two conditions again
+                        worker = await self._idle.get()
+                except TimeoutError:
+                    continue
+            else:
+                worker = self._idle.get_nowait()
             if not worker.dead and worker.proc.returncode is None:
                 return worker
+
+
+def _wire_entry(entry: JournalEntry) -> list[Any]:
+    """A journal entry as the child reads it: [name, digest, value] or, for an error,
+    [name, digest, null, error_type, error_message] (compact: a resume may carry hundreds)."""
+    if entry.error_type is None and entry.error_message is None:
+        return [entry.name, entry.digest, entry.value]
+    return [entry.name, entry.digest, None, entry.error_type or "Error", entry.error_message or ""]
+
+
+def _encode_reply(reply: CallReply) -> bytes:
+    return encode_frame(
+        {
+            "t": "reply",
+            "kind": reply.kind,
+            "value": reply.value,
+            "error_type": reply.error_type,
+            "error_message": reply.error_message,
+        }
+    )
 
 
 def _check_names(internal: Sequence[str], external: Mapping[str, Sequence[str]]) -> None:
@@ -415,48 +458,66 @@ class _Exchange:
         self._new: list[JournalEntry] = []
         self._replayed = 0
         self._pending: HelperCall | None = None
+        self._live = False  # a call reached the parent
 
     @property
     def journal(self) -> list[JournalEntry]:
         """Replayed entries, then the calls answered in this run, in call order."""
         return [*self._replay[: self._replayed], *self._new]
 
-    async def run(self) -> BlockOutcome:
+    async def run(self, request: bytes) -> BlockOutcome:
+        """Send the block, answer its calls, return its outcome; _BlockFailed if it fails."""
+        limits = self._limits
+        # stdout, results and the error are each capped at stdout_bytes in the child (and JSON
+        # may escape a byte into six); a call's arguments may be large on their own.
+        max_header = MAX_HEADER_BYTES + 20 * limits.stdout_bytes
         loop = asyncio.get_running_loop()
-        remaining = self._limits.wall_clock_seconds + _KILL_GRACE_SECONDS
-        while True:
-            began = loop.time()
-            try:
-                async with asyncio.timeout(remaining):
-                    header, blob = await self._worker.read(max_blob=self._limits.snapshot_bytes)
-            except TimeoutError:
-                raise _BlockFailed("limit", f"wall_clock {self._limits.wall_clock_seconds:g}s") from None
-            except FrameError as exc:
-                raise _BlockFailed("error", f"SandboxError: {exc}") from None
-            remaining -= loop.time() - began
-            try:
+        remaining = limits.wall_clock_seconds + _KILL_GRACE_SECONDS
+        try:
+            await self._worker.send(request)
+            while True:
+                began = loop.time()
+                try:
+                    async with asyncio.timeout(remaining):
+                        header, blob = await self._worker.read(
+                            max_blob=limits.snapshot_bytes, max_header=max_header
+                        )
+                except TimeoutError:
+                    raise _BlockFailed("limit", limit_label("wall_clock", limits.model_dump())) from None
+                remaining -= loop.time() - began
                 match header["t"]:
                     case "call" if self._pending is None:
                         await self._answer(_CallFrame.model_validate(header))
                     case "done":
                         return self._done(_DoneFrame.model_validate(header), blob)
                     case "exit":
-                        raise _exit_failure(_ExitFrame.model_validate(header), self._limits)
+                        raise _exit_failure(_ExitFrame.model_validate(header), limits)
                     case tag:
                         raise _BlockFailed("error", f"SandboxError: unexpected {tag!r} frame")
-            except ValidationError as exc:
-                raise _BlockFailed(
-                    "error", f"SandboxError: malformed {header['t']!r} frame: {exc.errors()[0]}"
-                ) from None
+        except FrameError as exc:
+            raise _BlockFailed("error", f"SandboxError: {exc}") from None
+        except ValidationError as exc:
+            raise _BlockFailed("error", f"SandboxError: malformed frame: {exc.errors()[0]}") from None
 
     async def _answer(self, frame: _CallFrame) -> None:
         call = frame.call
         if self._names.get(call.name) != call.kind:
             raise _BlockFailed("error", f"SandboxError: call to an unknown {call.kind} {call.name!r}")
-        if self._replayed == 0 and self._replay:
-            # Calls reach the parent only once the whole journal has been replayed.
-            self._replayed = len(self._replay)
+        # Calls reach the parent only once the whole journal has been replayed.
+        self._replayed = len(self._replay)
+        self._live = True
         reply = await self._on_call(call)
+        try:
+            data = _encode_reply(reply)
+        except (TypeError, ValueError) as exc:
+            # Journal values must be JSON; tell the code rather than fail the whole turn.
+            logger.warning("reply to %s is not JSON: %s", call.name, exc)
+            reply = CallReply(
+                kind="error",
+                error_type="TypeError",
+                error_message=f"{call.name} returned a value that is not JSON: {exc}",
+            )
+            data = _encode_reply(reply)
         if reply.kind == "suspend":
             self._pending = call
         else:
@@ -469,22 +530,12 @@ class _Exchange:
                     error_message=(reply.error_message or "") if reply.kind == "error" else None,
                 )
             )
-        await self._worker.send(
-            encode_frame(
-                {
-                    "t": "reply",
-                    "kind": reply.kind,
-                    "value": reply.value,
-                    "error_type": reply.error_type,
-                    "error_message": reply.error_message,
-                }
-            )
-        )
+        await self._worker.send(data)
 
     def _done(self, frame: _DoneFrame, blob: bytes) -> BlockOutcome:
         if (frame.status == "suspended") != (self._pending is not None):
             raise _BlockFailed("error", "SandboxError: the block's process ignored a suspend")
-        if frame.replayed > len(self._replay) or (self._new and frame.replayed != len(self._replay)):
+        if frame.replayed > len(self._replay) or (self._live and frame.replayed != len(self._replay)):
             raise _BlockFailed("error", "SandboxError: inconsistent replay count")
         self._replayed = frame.replayed
         keep_snapshot = frame.status in ("ok", "error") and bool(blob)

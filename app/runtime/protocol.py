@@ -4,11 +4,17 @@ Every message is a frame: an 8-byte prefix (header length, blob length; big-endi
 header (an object whose "t" tag names the frame) and an optional opaque blob (a namespace
 snapshot). The parent only ever decodes JSON: a blob is carried and stored, never unpickled.
 
-Frames, by direction:
-- parent -> child: ``run`` (one block; blob = the previous snapshot), ``reply`` (answer to a call);
-- child -> parent: ``ready`` (idle, waiting for ``run``), ``call`` (a helper/tool call),
-  ``done`` (the block's outcome; blob = the new snapshot);
-- worker -> parent: ``exit`` (a child ended; written only after it is dead and reaped).
+Frames, by direction (header fields after the tag):
+- child -> parent ``ready {pid}``: forked, warmed up, waiting for its block;
+- parent -> child ``run {v, code, workdir, limits, helpers, tools, journal}``, blob = the
+  snapshot to restore; ``journal`` entries are ``[name, digest, value]`` or, for a call that
+  raised, ``[name, digest, null, error_type, error_message]``;
+- child -> parent ``call {digest, call}`` (a ``HelperCall``), answered by
+  parent -> child ``reply {kind, value, error_type, error_message}`` (a ``CallReply``);
+- child -> parent ``done {status, stdout, results, error, limit, dropped, replayed}``,
+  blob = the new snapshot; then the child exits;
+- worker -> parent ``exit {pid, code, signal, cpu_seconds}``: a child ended (written only once it
+  is dead and reaped, so nothing of the child can follow it).
 
 This module is imported by the worker, so it stays light: no pydantic, no asyncio.
 """
@@ -18,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import json.encoder
 import math
 import os
 import struct
@@ -34,7 +41,7 @@ EXIT_EOF: Final = 75
 # The filename blocks are compiled with; tracebacks keep only frames from it.
 BLOCK_FILENAME: Final = "<helpers>"
 
-FrameTag = Literal["run", "reply", "ready", "call", "done", "exit"]
+LimitKind = Literal["wall_clock", "cpu_time", "memory", "file_size", "snapshot_size"]
 
 
 class FrameError(Exception):
@@ -43,7 +50,7 @@ class FrameError(Exception):
 
 def encode_frame(header: Mapping[str, Any], blob: bytes = b"") -> bytes:
     """Encode one frame: prefix, JSON header, blob (strict JSON: no NaN, ASCII-safe)."""
-    data = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
+    data = _STRICT.encode(header).encode()
     return PREFIX.pack(len(data), len(blob)) + data + blob
 
 
@@ -68,9 +75,25 @@ def decode_header(data: bytes) -> dict[str, Any]:
     return header
 
 
+_STRICT: Final = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+_CANONICAL: Final = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), default=repr, check_circular=False
+)
+# The same encoder made once: JSONEncoder.encode builds it anew on every call, which is most of
+# the cost of a digest, and every replayed call computes one.
+_make_encoder = getattr(json.encoder, "c_make_encoder", None)  # the C accelerator, if present
+_canonical_chunks = (
+    _make_encoder(None, repr, json.encoder.encode_basestring_ascii, None, ":", ",", True, False, True)
+    if _make_encoder is not None
+    else None
+)
+
+
 def canonical_json(value: Any) -> str:
     """Canonical JSON (sorted keys, no spaces, repr() for anything JSON cannot hold)."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=repr)
+    if _canonical_chunks is not None and type(value) in (list, dict):
+        return "".join(_canonical_chunks(value, 0))
+    return _CANONICAL.encode(value)
 
 
 def call_digest(*, name: str, args: Any, kwargs: Any) -> str:
@@ -82,6 +105,9 @@ def call_digest(*, name: str, args: Any, kwargs: Any) -> str:
     return hashlib.sha256(canonical_json([name, args, kwargs]).encode()).hexdigest()
 
 
+_ATOMS: Final = frozenset({str, int, bool, type(None)})
+
+
 def to_json(value: Any, *, strict: bool, _depth: int = 0) -> Any:
     """Convert a value the code passed to a helper into JSON values.
 
@@ -89,34 +115,42 @@ def to_json(value: Any, *, strict: bool, _depth: int = 0) -> Any:
     is rendered with repr() (internal helpers: best effort) or refused with TypeError (external
     tools: the caller receives exactly what the code meant, or the code learns it cannot).
     """
+    kind = type(value)
+    if kind in _ATOMS:
+        return value
     if _depth > 100:
         raise TypeError("value nests too deeply (or contains itself)")
-    if value is None or type(value) in (str, int, bool):
-        return value
+    # Exact types first: this runs for every argument of every call, replayed ones included.
+    if kind is list or kind is tuple:
+        return [v if type(v) in _ATOMS else to_json(v, strict=strict, _depth=_depth + 1) for v in value]
+    if kind is dict:
+        return {
+            (k if type(k) is str else _json_key(k, strict=strict)): (
+                v if type(v) in _ATOMS else to_json(v, strict=strict, _depth=_depth + 1)
+            )
+            for k, v in value.items()
+        }
     if isinstance(value, float):
         if math.isfinite(value):
             return float(value)
         if strict:
             raise TypeError(f"{value!r} is not a JSON number")
         return repr(value)
-    if isinstance(value, bool | int):
+    if isinstance(value, int):  # IntEnum and other int subclasses
         return int(value)
     if isinstance(value, str):
         return str(value)
-    if isinstance(value, list | tuple):
-        return [to_json(v, strict=strict, _depth=_depth + 1) for v in value]
-    if isinstance(value, dict):
-        return {
-            _json_key(k, strict=strict): to_json(v, strict=strict, _depth=_depth + 1)
-            for k, v in value.items()
-        }
-    if type(value).__module__ == "numpy" and hasattr(value, "tolist"):
+    if isinstance(value, dict):  # subclasses: OrderedDict, defaultdict, ...
+        return to_json(dict(value), strict=strict, _depth=_depth + 1)
+    if isinstance(value, list | tuple):  # namedtuples, ...
+        return to_json(list(value), strict=strict, _depth=_depth + 1)
+    if kind.__module__ == "numpy" and hasattr(value, "tolist"):
         return to_json(value.tolist(), strict=strict, _depth=_depth + 1)
     isoformat = getattr(value, "isoformat", None)
-    if callable(isoformat) and type(value).__module__ == "datetime":
+    if callable(isoformat) and kind.__module__ == "datetime":
         return str(isoformat())
     if strict:
-        raise TypeError(f"a {type(value).__name__} is not a JSON value")
+        raise TypeError(f"a {kind.__name__} is not a JSON value")
     return repr(value)
 
 
@@ -129,6 +163,21 @@ def _json_key(key: Any, *, strict: bool) -> str:
     if strict:
         raise TypeError(f"a {type(key).__name__} dict key is not a JSON object key")
     return repr(key)
+
+
+def limit_label(kind: LimitKind, limits: Mapping[str, Any]) -> str:
+    """The ``limit`` text of an outcome, e.g. ``memory 2048MB``."""
+    match kind:
+        case "wall_clock":
+            return f"wall_clock {float(limits['wall_clock_seconds']):g}s"
+        case "cpu_time":
+            return f"cpu_time {float(limits['cpu_seconds']):g}s"
+        case "memory":
+            return f"memory {limits['memory_mb']}MB"
+        case "file_size":
+            return f"file_size {limits['file_size_mb']}MB"
+        case "snapshot_size":
+            return f"snapshot_size {int(limits['snapshot_bytes']) / 1e6:g}MB"
 
 
 # Blocking helpers for the worker and its child (the parent uses asyncio streams instead).
@@ -165,7 +214,7 @@ def write_all(fd: int, data: bytes) -> None:
 
 def write_frame(fd: int, header: Mapping[str, Any], blob: bytes = b"") -> None:
     """Write one frame; the blob is written separately so a large snapshot is not copied."""
-    data = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
+    data = _STRICT.encode(header).encode()
     write_all(fd, PREFIX.pack(len(data), len(blob)) + data)
     if blob:
         write_all(fd, blob)

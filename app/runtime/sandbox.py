@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import builtins
 import collections
+import contextlib
 import ctypes
 import gc
 import io
@@ -36,20 +37,22 @@ from app.runtime.protocol import (
     BLOCK_FILENAME,
     EXIT_EOF,
     PROTOCOL_VERSION,
+    LimitKind,
     call_digest,
     decode_header,
     encode_frame,
+    limit_label,
     read_frame,
     to_json,
     write_frame,
 )
 
 Status = Literal["ok", "error", "limit", "suspended"]
-LimitKind = Literal["wall_clock", "cpu_time", "memory", "file_size", "snapshot_size"]
 _PR_SET_PDEATHSIG: Final = 1
 # Address space unmapped on MemoryError so that reporting the limit does not run out too
 # (RLIMIT_AS counts mappings, so an untouched mapping reserves room without using memory).
 _RESERVE_BYTES: Final = 16 << 20
+_WRITE_SLICE: Final = 1 << 20
 
 
 class ToolError(RuntimeError):
@@ -162,7 +165,9 @@ class _CaptureStream(io.TextIOBase):
     def write(self, text: str, /) -> int:
         if not isinstance(text, str):
             raise TypeError(f"write() argument must be str, not {type(text).__name__}")
-        self.capture.add(text.encode("utf-8", "backslashreplace"))
+        # A huge string is encoded a slice at a time, never as one more huge copy.
+        for start in range(0, len(text), _WRITE_SLICE):
+            self.capture.add(text[start : start + _WRITE_SLICE].encode("utf-8", "backslashreplace"))
         return len(text)
 
     def fileno(self) -> int:
@@ -285,9 +290,21 @@ def render_traceback(exc: BaseException, source: _Source) -> str:
 # -- limits --------------------------------------------------------------------------------
 
 
+_LIMITED: Final = (
+    resource.RLIMIT_CORE,
+    resource.RLIMIT_CPU,
+    resource.RLIMIT_AS,
+    resource.RLIMIT_NPROC,
+    resource.RLIMIT_FSIZE,
+    resource.RLIMIT_NOFILE,
+)
+# The worker's limits, read once (every child starts with the same).
+_WORKER_LIMITS: Final = {which: resource.getrlimit(which) for which in _LIMITED}
+
+
 def _set_limit(which: int, soft: int, hard: int | None = None) -> None:
     """Lower a resource limit, never above the hard limit the worker already had."""
-    _, current_hard = resource.getrlimit(which)
+    current_hard = _WORKER_LIMITS[which][1]
     hard = soft if hard is None else hard
     if current_hard != resource.RLIM_INFINITY:
         soft, hard = min(soft, current_hard), min(hard, current_hard)
@@ -311,30 +328,18 @@ def apply_limits(limits: Mapping[str, Any], *, dry: bool = False) -> None:
     wanted.append((resource.RLIMIT_NOFILE, int(limits["open_files"]), None))
     for which, soft, hard in wanted:
         if dry:
-            soft, hard = resource.getrlimit(which)
+            soft, hard = _WORKER_LIMITS[which]
         _set_limit(which, soft, hard)
 
 
-def limit_label(kind: LimitKind, limits: Mapping[str, Any]) -> str:
-    """The ``limit`` text of an outcome, e.g. ``memory 2048MB``."""
-    match kind:
-        case "wall_clock":
-            return f"wall_clock {float(limits['wall_clock_seconds']):g}s"
-        case "cpu_time":
-            return f"cpu_time {float(limits['cpu_seconds']):g}s"
-        case "memory":
-            return f"memory {limits['memory_mb']}MB"
-        case "file_size":
-            return f"file_size {limits['file_size_mb']}MB"
-        case "snapshot_size":
-            return f"snapshot_size {int(limits['snapshot_bytes']) / 1e6:g}MB"
+# Looked up once in the worker, not in every child.
+_prctl = ctypes.CDLL(None, use_errno=True).prctl
 
 
 def die_with_parent() -> None:
     """Ask the kernel to SIGKILL this process when its parent dies (no orphans left running)."""
     parent = os.getppid()
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent:  # the parent died before the request took effect
         os._exit(1)
 
@@ -365,9 +370,11 @@ class _Block:
         self._in = proto_in
         self._out = proto_out
         self._dry = dry
-        self._journal: Sequence[Mapping[str, Any]] = request["journal"]
+        # Wire form of an entry: [name, digest, value] or [name, digest, null, type, message].
+        self._journal: Sequence[Sequence[Any]] = request["journal"]
         self._reserve = reserve
         self._stopping = False
+        self._call_lock = threading.Lock()
         self.replayed = 0
         self.results = _Results(int(self._limits["stdout_bytes"]))
         self.source = _Source(request["code"], None)
@@ -410,6 +417,10 @@ class _Block:
         """Send the ``done`` frame and exit at once: no more code of the block runs."""
         self._stopping = True
         signal.setitimer(signal.ITIMER_REAL, 0)
+        for stream in (sys.__stdout__, sys.__stderr__):  # what the code wrote around print()
+            with contextlib.suppress(Exception):
+                if stream is not None:
+                    stream.flush()
         cap = int(self._limits["stdout_bytes"])
         header = {
             "t": "done",
@@ -439,9 +450,10 @@ class _Block:
 
     # Calls to the parent ------------------------------------------------------------------
 
-    def _call_site(self) -> tuple[int | None, str | None]:
+    def _call_site(self, depth: int = 3) -> tuple[int | None, str | None]:
+        """Line and source of the innermost block frame that made the call."""
         # _call_site <- call <- the helper function <- its caller (maybe a library)
-        frame: types.FrameType | None = sys._getframe(3)
+        frame: types.FrameType | None = sys._getframe(depth)
         while frame is not None and frame.f_code.co_filename != BLOCK_FILENAME:
             frame = frame.f_back
         if frame is None:
@@ -459,53 +471,67 @@ class _Block:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> Any:
-        """A helper or tool call: from the journal if one remains, else from the parent."""
+        """A helper or tool call: from the journal if one remains, else from the parent.
+
+        The replay path does only what the digest needs: a resume after 100 calls must cost
+        little more than after one.
+        """
         strict = kind == "external"
         try:
-            json_args = to_json(args, strict=strict)
-            json_kwargs = to_json(kwargs, strict=strict)
+            json_args: list[Any] = to_json(args, strict=strict)
+            json_kwargs: dict[str, Any] = to_json(kwargs, strict=strict) if kwargs else {}
         except TypeError as exc:
             raise TypeError(f"{name}(): {exc}") from None
-        arguments: dict[str, Any] = {}
-        if kind == "external":
+        if strict:
             if len(json_args) > len(params):
                 raise TypeError(
                     f"{name}() takes {len(params)} positional arguments but {len(json_args)} were given"
                 )
-            arguments = dict(zip(params, json_args, strict=False))
-            for key, value in json_kwargs.items():
-                if key in arguments:
+            for key in json_kwargs:
+                if key in params[: len(json_args)]:
                     raise TypeError(f"{name}() got multiple values for argument {key!r}")
-                arguments[key] = value
         digest = call_digest(name=name, args=json_args, kwargs=json_kwargs)
-        line, code = self._call_site()
+        # One call at a time, even from threads the code started: the pipe carries one
+        # exchange at a time and the journal is consumed in order.
+        with self._call_lock:
+            if self.replayed < len(self._journal):
+                entry = self._journal[self.replayed]
+                if entry[0] != name or entry[1] != digest:
+                    self._diverged(entry, name, json_args, json_kwargs, digest)
+                self.replayed += 1
+            else:
+                line, code = self._call_site()
+                call = {
+                    "name": name,
+                    "kind": kind,
+                    "args": json_args,
+                    "kwargs": json_kwargs,
+                    "arguments": {**dict(zip(params, json_args, strict=False)), **json_kwargs}
+                    if strict
+                    else {},
+                    "line": line,
+                    "code": code,
+                }
+                entry = self._ask_parent(call, digest)
+        return _answer(entry)
 
-        if self.replayed < len(self._journal):
-            entry = self._journal[self.replayed]
-            if entry["name"] != name or entry["digest"] != digest:
-                self.stop(
-                    "error",
-                    error=(
-                        f"ReplayDivergenceError: call #{self.replayed + 1} of the block is "
-                        f"{name}({_short_args(json_args, json_kwargs)}) at line {line}: "
-                        f"{code or ''}; the journal recorded a call to {entry['name']} "
-                        f"(digest {str(entry['digest'])[:12]}, this call {digest[:12]}). "
-                        "A block must make the same calls, with the same arguments, when it "
-                        "runs again."
-                    ),
-                )
-            self.replayed += 1
-            return _answer(entry)
+    def _diverged(
+        self, entry: Sequence[Any], name: str, args: list[Any], kwargs: dict[str, Any], digest: str
+    ) -> NoReturn:
+        line, code = self._call_site(depth=4)
+        self.stop(
+            "error",
+            error=(
+                f"ReplayDivergenceError: call #{self.replayed + 1} of the block is "
+                f"{name}({_short_args(args, kwargs)}) at line {line}: {code or ''}; the journal "
+                f"recorded a call to {entry[0]} (digest {str(entry[1])[:12]}, this "
+                f"call {digest[:12]}). A block must make the same calls, with the same "
+                "arguments, when it runs again."
+            ),
+        )
 
-        call = {
-            "name": name,
-            "kind": kind,
-            "args": json_args,
-            "kwargs": json_kwargs,
-            "arguments": arguments,
-            "line": line,
-            "code": code,
-        }
+    def _ask_parent(self, call: dict[str, Any], digest: str) -> Sequence[Any]:
+        """Send a call to the parent and wait for its reply (suspend stops the block)."""
         assert self._in is not None
         # The wall clock stops while the parent works on the call (an LLM call may be slow).
         remaining, _ = signal.setitimer(signal.ITIMER_REAL, 0)
@@ -519,7 +545,9 @@ class _Block:
             raise RuntimeError(f"sandbox protocol: expected a reply, got {reply.get('t')!r}")
         if reply["kind"] == "suspend":
             self.stop("suspended")
-        return _answer(reply)
+        if reply["kind"] == "error":
+            return [call["name"], digest, None, reply["error_type"], reply["error_message"]]
+        return [call["name"], digest, reply["value"]]
 
     def _make_helper(
         self, *, kind: Literal["internal", "external"], name: str, params: Sequence[str]
@@ -569,7 +597,7 @@ class _Block:
                     error=(
                         f"ReplayDivergenceError: the block made {self.replayed} calls, but the "
                         f"journal recorded {len(self._journal)}; the next recorded call was to "
-                        f"{self._journal[self.replayed]['name']}. A block must make the same "
+                        f"{self._journal[self.replayed][0]}. A block must make the same "
                         "calls when it runs again." + (f"\n{error}" if error else "")
                     ),
                 )
@@ -616,15 +644,11 @@ def _short_args(args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def _answer(entry: Mapping[str, Any]) -> Any:
-    """The value of a reply or journal entry; its error raised as ToolError."""
-    if (
-        entry.get("kind") == "error"
-        or entry.get("error_type") is not None
-        or entry.get("error_message") is not None
-    ):
-        raise ToolError(str(entry.get("error_message") or ""), entry.get("error_type"))
-    return entry.get("value")
+def _answer(entry: Sequence[Any]) -> Any:
+    """The value of a journal entry (wire form), or its error raised as ToolError."""
+    if len(entry) > 3:
+        raise ToolError(str(entry[4] or ""), entry[3])
+    return entry[2]
 
 
 # -- the child's life ----------------------------------------------------------------------
@@ -653,11 +677,25 @@ result({"y": y, "z": z})
 """
 
 
-def _warm_up() -> None:
+def _warm_up_values() -> dict[str, Any]:
+    """Values for the dry block's snapshot: the data types of preloaded libraries, whose
+    (un)pickling touches much of their code, are what blocks most often keep."""
+    values: dict[str, Any] = {"a": 1, "g": lambda: 1, "s": {"k": [1.5, "x", None]}}
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        values["array"] = numpy.arange(3)
+    pandas = sys.modules.get("pandas")
+    if pandas is not None:
+        values["frame"] = pandas.DataFrame({"n": [1, 2], "s": ["x", "y"]})
+    return values
+
+
+def warm_up() -> None:
     """Run a dry block through the real code path (journal-answered call, snapshot load and
     dump, traceback, report encoding), so the first-use costs of the real block (page faults
     on copy-on-write memory, lazy caches) are paid before the request arrives, not after."""
     capture = _Capture(redirect=False)
+    saved = sys.stdout, sys.stderr, os.environ.get("HOME"), os.getcwd()
     sys.stdout = sys.stderr = _CaptureStream(capture)
     digest = call_digest(name="tool", args=[2], kwargs={"mode": "x"})
     limits = {
@@ -680,17 +718,21 @@ def _warm_up() -> None:
                 "limits": limits,
                 "helpers": ["helper"],
                 "tools": {"tool": ["x", "mode"]},
-                "journal": [{"name": "tool", "digest": digest, "value": 3}],
+                "journal": [["tool", digest, 3]],
             }
         )[8:]
     )
-    data, _ = snapshot.dump({"a": 1, "g": lambda: 1}, skip=frozenset(), helpers={}, max_bytes=1 << 20)
+    data, _ = snapshot.dump(_warm_up_values(), skip=frozenset(), helpers={}, max_bytes=1 << 20)
     block = _Block(request=request, capture=capture, proto_in=None, proto_out=-1, reserve=None, dry=True)
     try:
         block.start()
         block.run(data)
     except _DryRunStopped:
         pass
+    sys.stdout, sys.stderr, home, cwd = saved
+    if home is None:
+        os.environ.pop("HOME", None)
+    os.chdir(cwd)
     gc.collect()
 
 
@@ -711,7 +753,7 @@ def serve_one(*, proto_in: int, proto_out: int) -> int:
     signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
     signal.signal(signal.SIGXCPU, _on_limit_signal)
     signal.signal(signal.SIGALRM, _on_limit_signal)
-    _warm_up()
+    warm_up()
     capture = _Capture(redirect=True)
     sys.stdout = sys.stderr = _CaptureStream(capture)
     reserve = mmap.mmap(-1, _RESERVE_BYTES)

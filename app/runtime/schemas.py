@@ -81,7 +81,19 @@ class JournalEntry(BaseModel):
 
 
 class BlockOutcome(BaseModel):
-    """How one block ended, and what it left for the next one."""
+    """How one block ended, and what it left for the next one.
+
+    - ``status``: ``ok``; ``error`` (the code raised: ``error`` is its traceback, line-numbered
+      against the block; or a ``ReplayDivergenceError``/``SandboxError``); ``limit`` (``limit``
+      names it: ``wall_clock 30s``, ``cpu_time 10s``, ``memory 2048MB``, ``file_size 100MB``,
+      ``snapshot_size 50MB``); ``suspended`` (``pending`` is the external call that paused it).
+    - ``snapshot``: the namespace after the block (also after an error, as in a REPL); None when
+      the block hit a limit, was suspended, diverged from its journal or died: keep the old one.
+      Opaque bytes, only ever loaded by a later sandbox child.
+    - ``journal``: the replayed entries then the calls answered in this run, in call order.
+    - ``duration_ms``: from the block's start on a worker to its outcome (``on_call`` time
+      included, waiting for a free worker not).
+    """
 
     status: Literal["ok", "error", "limit", "suspended"]
     stdout: str

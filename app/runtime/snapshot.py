@@ -192,10 +192,13 @@ def load(data: bytes, *, namespace: dict[str, Any], helpers: Mapping[str, Callab
     if not data.startswith(MAGIC):
         raise SnapshotFormatError("not a namespace snapshot of this runtime version")
     start = len(MAGIC) + _LEN.size
-    (header_len,) = _LEN.unpack_from(data, len(MAGIC))
-    header = json.loads(data[start : start + header_len])
-    modules: dict[str, str] = header["modules"]
-    names: list[str] = header["names"]
+    try:
+        (header_len,) = _LEN.unpack_from(data, len(MAGIC))
+        header = json.loads(data[start : start + header_len])
+        modules: dict[str, str] = dict(header["modules"])
+        names: list[str] = list(header["names"])
+    except (struct.error, ValueError, TypeError, KeyError) as exc:
+        raise SnapshotFormatError(f"the snapshot header is damaged: {exc}") from None
 
     dropped: list[str] = []
     for alias, module in modules.items():

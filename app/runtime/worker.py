@@ -52,6 +52,8 @@ def _serve(*, proto_in: int, proto_out: int, log_fd: int) -> int:
         # shared with the children instead of touching (copying) them.
         gc.collect()
         gc.freeze()
+        sys.stdout.flush()  # a child must not inherit (and later flush) the worker's output
+        sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
             code = 1
@@ -89,6 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sandbox.die_with_parent()
     for name in filter(None, options.preload.split(",")):
         importlib.import_module(name)
+    sandbox.warm_up()
     return _serve(proto_in=proto_in, proto_out=proto_out, log_fd=log_fd)
 
 

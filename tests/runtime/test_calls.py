@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from app.runtime import CallReply, HelperCall, JournalEntry, RuntimePool
+from app.runtime import CallReply, HelperCall, JournalEntry, Limits, RuntimePool
 from tests.runtime.support import Recorder, run
 
 pytestmark = pytest.mark.asyncio(loop_scope="package")
@@ -286,3 +288,53 @@ async def test_bad_names_are_refused(pool: RuntimePool, tmp_path: Path) -> None:
     for helpers, tools in cases:
         with pytest.raises(ValueError, match=r"helper or tool|reserved|both"):
             await run(pool, "pass", workdir=tmp_path, helpers=helpers, tools=tools)
+
+
+async def test_calls_from_threads_are_serialised(pool: RuntimePool, tmp_path: Path) -> None:
+    recorder = Recorder(lambda call: CallReply(kind="value", value=call.args[0] * 10))
+    outcome = await run(
+        pool,
+        "from concurrent.futures import ThreadPoolExecutor\n"
+        "with ThreadPoolExecutor(4) as pool:\n    out = list(pool.map(llm_call, range(20)))\n"
+        "result(out)\n",
+        workdir=tmp_path,
+        helpers=["llm_call"],
+        on_call=recorder,
+    )
+    assert outcome.status == "ok", outcome.error
+    assert outcome.results == [str([i * 10 for i in range(20)])]
+    assert sorted(c.args[0] for c in recorder.calls) == list(range(20))
+
+
+async def test_a_reply_that_is_not_json_becomes_an_error_in_the_code(
+    pool: RuntimePool, tmp_path: Path
+) -> None:
+    recorder = Recorder(lambda call: CallReply(kind="value", value=datetime.now(UTC)))
+    outcome = await run(
+        pool,
+        "try:\n    llm_call()\nexcept ToolError as exc:\n    result(exc.error_type)\n",
+        workdir=tmp_path,
+        helpers=["llm_call"],
+        on_call=recorder,
+    )
+    assert outcome.results == ["TypeError"]
+    assert outcome.journal[0].error_type == "TypeError"
+
+
+async def test_the_wall_clock_stops_while_the_parent_answers(pool: RuntimePool, tmp_path: Path) -> None:
+    async def slow(call: HelperCall) -> CallReply:
+        await asyncio.sleep(1.5)  # longer than the block's whole wall clock
+        return CallReply(kind="value", value="late")
+
+    outcome = await pool.run_block(
+        code="result(llm_call())\n",
+        snapshot=None,
+        workdir=tmp_path,
+        limits=Limits(wall_clock_seconds=1),
+        internal_helpers=["llm_call"],
+        external_tools={},
+        journal=(),
+        on_call=slow,
+    )
+    assert outcome.status == "ok", outcome.limit
+    assert outcome.results == ["late"]

@@ -151,15 +151,17 @@ async def test_snapshot_over_the_limit(pool: RuntimePool, tmp_path: Path) -> Non
     assert outcome.stdout == "made it\n"
 
 
-async def test_subprocess_output_is_captured(pool: RuntimePool, tmp_path: Path) -> None:
+async def test_subprocess_and_fd_output_is_captured(pool: RuntimePool, tmp_path: Path) -> None:
     outcome = await run(
         pool,
-        "import subprocess\nprint('before', flush=True)\n"
-        "subprocess.run(['echo', 'from a subprocess'], check=True)\n",
+        "import os, subprocess, sys\nprint('before', flush=True)\n"
+        "os.write(1, b'raw\\n')\n"
+        "subprocess.run(['echo', 'from a subprocess'], check=True)\n"
+        "sys.__stderr__.write('buffered\\n')\n",
         workdir=tmp_path,
     )
     assert outcome.status == "ok", outcome.error
-    assert outcome.stdout == "before\nfrom a subprocess\n"
+    assert outcome.stdout == "before\nraw\nfrom a subprocess\nbuffered\n"
 
 
 async def test_stdout_of_100_mb_is_capped(pool: RuntimePool, tmp_path: Path) -> None:
@@ -172,3 +174,37 @@ async def test_stdout_of_100_mb_is_capped(pool: RuntimePool, tmp_path: Path) -> 
     # 100 lines of 1,000,001 bytes, of which 32,000 are kept.
     assert tail.startswith(f"{100 * 1_000_001 - 32_000} bytes truncated]\n")
     assert tail.endswith("9" * 15_999 + "\n")
+
+
+async def test_exit_ends_the_block(pool: RuntimePool, tmp_path: Path) -> None:
+    quiet = await run(pool, "print('a')\nexit()\nprint('b')\n", workdir=tmp_path)
+    assert (quiet.status, quiet.stdout) == ("ok", "a\n")
+    failing = await run(pool, "import sys\nsys.exit(3)\n", workdir=tmp_path)
+    assert failing.status == "error"
+    assert failing.error == "Traceback (line 2): SystemExit: 3\n  line 2: sys.exit(3)"
+
+
+async def test_stdin_is_empty(pool: RuntimePool, tmp_path: Path) -> None:
+    outcome = await run(pool, "try:\n    input()\nexcept EOFError:\n    result('eof')\n", workdir=tmp_path)
+    assert outcome.results == ["eof"]
+
+
+async def test_results_are_capped(pool: RuntimePool, tmp_path: Path) -> None:
+    outcome = await run(
+        pool,
+        "for i in range(10_000):\n    result('x' * 10)\n",
+        workdir=tmp_path,
+        limits=Limits(stdout_bytes=1_000),
+    )
+    assert outcome.results[:100] == ["x" * 10] * 100
+    assert outcome.results[100:] == ["[... 9900 more results truncated]"]
+
+
+async def test_traceback_through_a_function_of_an_earlier_block(pool: RuntimePool, tmp_path: Path) -> None:
+    first = await run(pool, "def ratio(a, b):\n    return a / b\n", workdir=tmp_path)
+    second = await run(pool, "x = 1\nratio(x, 0)\n", workdir=tmp_path, snapshot=first.snapshot)
+    assert second.error == (
+        "Traceback (line 2): ZeroDivisionError: division by zero\n"
+        "  line 2: ratio(x, 0)\n"
+        "  line 2 in ratio (a function from an earlier block)"
+    )

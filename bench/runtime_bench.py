@@ -1,0 +1,257 @@
+"""The sandbox runtime's costs, next to the references of DESIGN.md §5 and §9.
+
+Prints one table: block-start latency (``run_block()`` called -> the block's first line running,
+from a ``time.perf_counter()`` the code prints; the clock is system-wide), the whole round trip,
+blocks per second for a trivial block with two workers, a resume after 1 and after 100 earlier
+external calls, idle worker memory, and two references: a cold ``python -c pass`` and the same
+trivial block run by ``exec()`` in-process (no isolation at all). Latencies are measured with the
+pool idle (each block finds a forked child waiting), as a request arriving at a server would.
+
+Run: ``uv run python bench/runtime_bench.py [--workers 2] [--blocks 300] [--preload numpy,pandas]``
+(the default preload is the pool's: numpy, pandas, matplotlib; ``--preload ''`` for none).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from app.runtime import BlockOutcome, CallReply, HelperCall, JournalEntry, Limits, RuntimePool
+
+TRIVIAL = "print(__import__('time').perf_counter())"
+RESUME = "total = 0\nfor i in range({n}):\n    total += add_one(i)\nprint(total)\n"
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def suspend(call: HelperCall) -> CallReply:
+    return CallReply(kind="suspend")
+
+
+class Bench:
+    def __init__(self, pool: RuntimePool, workdir: Path, size: int) -> None:
+        self.pool = pool
+        self.workdir = workdir
+        self.size = size
+        self.limits = Limits()
+
+    async def run(
+        self,
+        code: str,
+        *,
+        snapshot: bytes | None = None,
+        tools: dict[str, list[str]] | None = None,
+        journal: Sequence[JournalEntry] = (),
+    ) -> BlockOutcome:
+        return await self.pool.run_block(
+            code=code,
+            snapshot=snapshot,
+            workdir=self.workdir,
+            limits=self.limits,
+            internal_helpers=(),
+            external_tools=tools or {},
+            journal=journal,
+            on_call=suspend,
+        )
+
+    async def until_idle(self) -> None:
+        """Wait until every worker has a child ready (a block then never waits for a fork)."""
+        for _ in range(10_000):
+            if self.pool.idle_workers >= self.size:
+                return
+            await asyncio.sleep(0.002)
+        raise RuntimeError("the pool did not get back to idle")
+
+    async def start_latency(self, rounds: int, snapshot: bytes | None) -> tuple[list[float], list[float]]:
+        starts, totals = [], []
+        for _ in range(rounds):
+            await self.until_idle()
+            began = time.perf_counter()
+            outcome = await self.run(TRIVIAL, snapshot=snapshot)
+            totals.append(time.perf_counter() - began)
+            starts.append(float(outcome.stdout) - began)
+        return starts, totals
+
+    async def throughput(self, blocks: int) -> float:
+        gate = asyncio.Semaphore(2 * self.size)
+
+        async def one() -> None:
+            async with gate:
+                await self.run("x = 1")
+
+        began = time.perf_counter()
+        await asyncio.gather(*(one() for _ in range(blocks)))
+        return blocks / (time.perf_counter() - began)
+
+    async def journal_for(self, calls: int) -> list[JournalEntry]:
+        """The journal of the resume block after ``calls`` answered calls, built the way a
+        conversation builds it: one pause, one answer, one resume at a time."""
+        code, tools = RESUME.format(n=calls), {"add_one": ["x"]}
+        journal: list[JournalEntry] = []
+        while True:
+            outcome = await self.run(code, tools=tools, journal=journal)
+            if outcome.status != "suspended":
+                assert outcome.status == "ok", outcome.error
+                return journal
+            assert outcome.pending is not None
+            answer = CallReply(kind="value", value=outcome.pending.arguments["x"] + 1)
+            journal = [*outcome.journal, JournalEntry.for_call(outcome.pending, answer)]
+
+    async def resume_costs(self, rounds: int) -> tuple[float, float]:
+        """p50 of a resume that replays 1 and 100 answered calls, measured alternately (so
+        both see the same machine load)."""
+        journals = {n: await self.journal_for(n) for n in (1, 100)}
+        times: dict[int, list[float]] = {1: [], 100: []}
+        for _ in range(rounds):
+            for n, journal in journals.items():
+                await self.until_idle()
+                began = time.perf_counter()
+                await self.run(RESUME.format(n=n), tools={"add_one": ["x"]}, journal=journal)
+                times[n].append(time.perf_counter() - began)
+        return statistics.median(times[1]), statistics.median(times[100])
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    if int(stat.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        found.append(int(entry))
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+    return found
+
+
+def _kib(path: str, *fields: str) -> int:
+    total = 0
+    with open(path) as status:
+        for line in status:
+            name, _, value = line.partition(":")
+            if name in fields:
+                total += int(value.split()[0])
+    return total
+
+
+def memory() -> tuple[float, float]:
+    """(RSS of a worker, private memory of its idle child) in MiB, averaged over workers."""
+    workers = _children(os.getpid())
+    rss = [_kib(f"/proc/{w}/status", "VmRSS") / 1024 for w in workers]
+    private = [
+        _kib(f"/proc/{c}/smaps_rollup", "Private_Clean", "Private_Dirty") / 1024
+        for w in workers
+        for c in _children(w)
+    ]
+    return statistics.mean(rss), statistics.mean(private) if private else 0.0
+
+
+def cold_spawn(rounds: int = 20) -> float:
+    times = []
+    for _ in range(rounds):
+        began = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "pass"], check=True)
+        times.append(time.perf_counter() - began)
+    return statistics.median(times)
+
+
+def in_process(rounds: int = 2000) -> float:
+    times = []
+    for _ in range(rounds):
+        began = time.perf_counter()
+        namespace: dict[str, object] = {}
+        exec(compile("x = 1", "<helpers>", "exec"), namespace)
+        times.append(time.perf_counter() - began)
+    return statistics.median(times)
+
+
+async def main(workers: int, blocks: int, preload: Sequence[str]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        began = time.perf_counter()
+        async with RuntimePool(size=workers, preload=preload) as pool:
+            startup = time.perf_counter() - began
+            bench = Bench(pool, Path(tmp), workers)
+            data = await bench.run(
+                "import numpy as np\nimport pandas as pd\n"
+                "df = pd.DataFrame({'a': range(1000), 'b': ['x'] * 1000})\n"
+                "def f(x):\n    return x + 1\n"
+                if {"numpy", "pandas"} <= set(preload)
+                else "x = list(range(1000))\ndef f(x):\n    return x + 1\n"
+            )
+            await bench.start_latency(20, None)  # warm the parent's code paths
+            starts, totals = await bench.start_latency(200, None)
+            snap_starts, snap_totals = await bench.start_latency(100, data.snapshot)
+            rate = await bench.throughput(blocks)
+            await bench.until_idle()
+            rss, private = memory()
+            resume_1, resume_100 = await bench.resume_costs(40)
+    spawn = cold_spawn()
+    exec_time = in_process()
+
+    ms = 1e3
+    rows = [
+        (
+            "pool start (workers ready)",
+            f"{startup * ms:.0f} ms",
+            f"{workers} workers, preload {','.join(preload) or '-'}",
+        ),
+        (
+            "block start p50 / p95",
+            f"{pct(starts, 0.5) * ms:.3f} / {pct(starts, 0.95) * ms:.3f} ms",
+            "budget <= 0.5 ms p50",
+        ),
+        (
+            "block round trip p50 / p95",
+            f"{pct(totals, 0.5) * ms:.3f} / {pct(totals, 0.95) * ms:.3f} ms",
+            "trivial block, no snapshot",
+        ),
+        (
+            "  with a snapshot: start p50",
+            f"{pct(snap_starts, 0.5) * ms:.3f} ms",
+            f"{len(data.snapshot or b'') / 1024:.0f} KiB namespace restored",
+        ),
+        (
+            "  with a snapshot: round trip p50",
+            f"{pct(snap_totals, 0.5) * ms:.3f} ms",
+            "restore + run + snapshot again",
+        ),
+        ("blocks/s (trivial block)", f"{rate:.0f}", f"{workers} workers, {2 * workers} in flight"),
+        ("resume after 1 call, p50", f"{resume_1 * ms:.3f} ms", "the block replays 1 answered call"),
+        (
+            "resume after 100 calls, p50",
+            f"{resume_100 * ms:.3f} ms",
+            f"ratio {resume_100 / resume_1:.2f} (budget <= 2)",
+        ),
+        (
+            "idle worker RSS",
+            f"{rss:.1f} MiB",
+            f"+ {private:.1f} MiB private per idle child (budget <= 100 MiB)",
+        ),
+        ("cold `python -c pass`", f"{spawn * ms:.1f} ms", "reference: a spawn per block would cost this"),
+        ("in-process exec() of a block", f"{exec_time * ms:.3f} ms", "reference: no isolation at all"),
+    ]
+    width = max(len(r[0]) for r in rows)
+    value_width = max(len(r[1]) for r in rows)
+    print(f"{'metric':<{width}}  {'value':>{value_width}}  note")
+    for name, value, note in rows:
+        print(f"{name:<{width}}  {value:>{value_width}}  {note}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--blocks", type=int, default=300)
+    parser.add_argument("--preload", default="numpy,pandas,matplotlib")
+    options = parser.parse_args()
+    asyncio.run(main(options.workers, options.blocks, [m for m in options.preload.split(",") if m]))
