@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -18,6 +18,7 @@ from app.auth.service import Authenticator
 from app.config import Settings, is_loopback
 from app.conversations.endpoints import router as conversations_router
 from app.conversations.locks import ConversationLocks, DatabaseLocks, RedisLocks
+from app.files.endpoints import router as files_router
 from app.kit import migrate
 from app.kit.body_limit import BodyLimitMiddleware
 from app.kit.db import create_engine, create_sessionmaker
@@ -26,8 +27,10 @@ from app.kit.redis import create_redis
 from app.llm import make_llm_client
 from app.orchestrator.loop import TurnLoop
 from app.personas.endpoints import router as personas_router
+from app.personas.models import Persona
 from app.personas.service import load_configured_personas
 from app.runtime import RuntimePool
+from app.tools.mcp import McpConfigError, McpManager, unconfigured_references
 
 log = structlog.get_logger(__name__)
 
@@ -44,6 +47,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
     static_keys = settings.static_api_keys()
     personas = load_configured_personas(settings)
+    mcp = _mcp_manager(settings, personas=personas.values())
 
     if settings.is_sqlite:
         # The embedded store upgrades itself; PostgreSQL is upgraded with `sabre migrate`.
@@ -85,6 +89,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.personas = personas
     app.state.authenticator = Authenticator(static_keys=static_keys, open_mode=open_mode)
     app.state.pool = pool
+    app.state.mcp = mcp
     app.state.llm = llm
     app.state.turn_loop = TurnLoop(llm=llm, pool=pool, max_output_chars=settings.max_output_chars)
     log.info(
@@ -97,11 +102,34 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     try:
         yield
     finally:
+        await mcp.aclose()
         await pool.aclose()
         await llm.aclose()
         if redis is not None:
             await redis.aclose()
         await engine.dispose()
+
+
+def _mcp_manager(settings: Settings, *, personas: Iterable[Persona]) -> McpManager:
+    """The MCP servers of ``mcp_servers.yaml`` (none are contacted yet: sessions open on first use).
+
+    Every ``mcp://server/tool`` of a loaded persona must name a configured server: a typo there would
+    otherwise surface only when the model first calls the tool.
+    """
+    try:
+        mcp = McpManager.from_file(
+            settings.mcp_servers,
+            required="mcp_servers" in settings.model_fields_set,
+            timeout=settings.mcp_timeout_seconds,
+        )
+    except McpConfigError as exc:
+        raise StartupError(f"Invalid MCP configuration (SABRE_MCP_SERVERS): {exc}") from exc
+    problems = unconfigured_references(personas, mcp.server_names)
+    if problems:
+        raise StartupError(
+            f"Personas use MCP servers that {settings.mcp_servers} does not configure: " + "; ".join(problems)
+        )
+    return mcp
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -117,6 +145,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_bytes=app.state.settings.max_body_bytes)
     app.include_router(conversations_router)
     app.include_router(personas_router)
+    app.include_router(files_router)
 
     app.mount("/metrics", make_asgi_app())
 

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import delete, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.models import Conversation, Message, Turn
+from app.models import Conversation, Message, StoredFile, Turn
 
 
 class ConversationRepository:
@@ -33,6 +33,7 @@ class ConversationRepository:
         """Delete a conversation and everything it owns (messages and turns cascade)."""
         await self.session.execute(delete(Message).where(Message.conversation_id == conversation.id))
         await self.session.execute(delete(Turn).where(Turn.conversation_id == conversation.id))
+        await self.session.execute(delete(StoredFile).where(StoredFile.conversation_id == conversation.id))
         await self.session.delete(conversation)
 
     async def messages(

@@ -2,8 +2,9 @@
 
 from app.models.api_key import ApiKey
 from app.models.conversation import Conversation
+from app.models.file import StoredFile
 from app.models.idempotency import IdempotencyRecord
 from app.models.message import Message
 from app.models.turn import Turn
 
-__all__ = ["ApiKey", "Conversation", "IdempotencyRecord", "Message", "Turn"]
+__all__ = ["ApiKey", "Conversation", "IdempotencyRecord", "Message", "StoredFile", "Turn"]

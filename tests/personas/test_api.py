@@ -87,7 +87,10 @@ async def test_user_personas_are_served(make_client: AppFactory, tmp_path: Path)
         "    implementation: mcp://helpdesk/get_ticket\n"
         "limits: {cpu_seconds: 5}\n"
     )
-    async with make_client(personas_dir=user) as c:
+    # The MCP server must be configured for the service to start; it is not contacted until a call.
+    servers = tmp_path / "mcp_servers.yaml"
+    servers.write_text("servers:\n  helpdesk: {transport: http, url: 'http://127.0.0.1:9/mcp'}\n")
+    async with make_client(personas_dir=user, mcp_servers=servers) as c:
         names = [p["name"] for p in (await c.get("/v1/personas")).json()["data"]]
         assert names == sorted([*SHIPPED, "support"])
         coder = (await c.get("/v1/personas/coder")).json()

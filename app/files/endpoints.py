@@ -1,0 +1,44 @@
+"""``GET /v1/files/{id}``: files turns produced (matplotlib figures), to their tenant only."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Response
+
+from app.auth.dependencies import Tenant
+from app.files.repository import FileRepository
+from app.kit.db import Session
+from app.kit.errors import NotFound, Problem
+
+router = APIRouter(
+    prefix="/v1/files",
+    tags=["files"],
+    responses={
+        code: {"model": Problem, "content": {"application/problem+json": {}}} for code in (401, 404, 422)
+    },
+)
+
+
+@router.get(
+    "/{file_id}",
+    response_class=Response,
+    responses={200: {"content": {"image/png": {}}, "description": "The file's bytes."}},
+)
+async def get_file(
+    file_id: Annotated[str, Path(max_length=64, description="A file id (`file_…`).")],
+    tenant: Tenant,
+    session: Session,
+) -> Response:
+    """The bytes of a file a turn produced."""
+    stored = await FileRepository(session).get(tenant=tenant, file_id=file_id)
+    if stored is None:
+        raise NotFound(f"No file {file_id!r}.")
+    return Response(
+        content=stored.data,
+        media_type=stored.content_type,
+        headers={
+            "Cache-Control": "private, max-age=31536000, immutable",
+            "X-Content-Type-Options": "nosniff",
+        },
+    )
