@@ -51,6 +51,7 @@ class Settings(BaseSettings):
     )
     model: str = "gpt-4o-mini"
     llm_api: Literal["responses", "chat"] = "responses"
+    llm_images: bool = False  # the model takes images: show it the figures blocks produce
     llm_timeout_seconds: float = 120.0
     llm_max_retries: int = 3
     llm_retry_base_delay: float = 0.5
@@ -75,6 +76,13 @@ class Settings(BaseSettings):
     lock_lease_seconds: float = Field(default=120.0, gt=0)
     tool_call_ttl_seconds: float = Field(default=24 * 3600, gt=0)
     max_tool_output_bytes: int = Field(default=1_000_000, ge=1)
+
+    # Helpers that reach the network (Search, Web, download, Browser): where search goes, and the
+    # caps of every fetch (bytes of one response, seconds for one fetch with its redirects).
+    search_backend: str = "ddgs"
+    fetch_max_bytes: int = Field(default=10_000_000, ge=1024)
+    fetch_timeout_seconds: float = Field(default=30.0, gt=0)
+    fetch_max_redirects: int = Field(default=5, ge=0, le=20)
 
     @field_validator("database_url")
     @classmethod

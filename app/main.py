@@ -91,7 +91,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.pool = pool
     app.state.mcp = mcp
     app.state.llm = llm
-    app.state.turn_loop = TurnLoop(llm=llm, pool=pool, max_output_chars=settings.max_output_chars)
+    app.state.turn_loop = TurnLoop(
+        llm=llm, pool=pool, max_output_chars=settings.max_output_chars, images=settings.llm_images
+    )
     log.info(
         "sabre_started",
         store="sqlite" if settings.is_sqlite else "postgresql",

@@ -31,7 +31,7 @@ from app.kit.errors import Conflict, Gone, NotFound, PayloadTooLarge, Unprocessa
 from app.kit.idempotency import Idempotency
 from app.kit.ids import new_id
 from app.kit.metrics import LLM_TOKENS, TURN_SECONDS, TURNS
-from app.models import Conversation, Turn
+from app.models import Conversation, StoredFile, Turn
 from app.orchestrator.loop import TurnError, TurnInput, TurnLoop, TurnOutcome
 from app.orchestrator.messages import (
     HelpersResultPart,
@@ -477,6 +477,22 @@ class ConversationService:
         conversation.llm_calls += usage.llm_calls
         conversation.iterations += usage.iterations
         conversation.updated_at = now
+        self.session.add_all(
+            StoredFile(
+                id=file_id,
+                tenant=conversation.tenant,
+                conversation_id=conversation.id,
+                turn_id=turn_id,
+                content_type="image/png",
+                size=len(png),
+                data=png,
+                created_at=now,
+            )
+            for message in outcome.messages
+            for part in message.parts
+            if isinstance(part, HelpersResultPart)
+            for file_id, png in zip(part.files, message.images, strict=True)
+        )
         try:
             await self.session.flush()
             await self.repo.insert_messages(messages)

@@ -7,6 +7,7 @@ snapshot and the outcome back (the conversations service persists them).
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -85,10 +86,13 @@ class TurnOutcome:
 class TurnLoop:
     """Runs turns with one LLM client and one sandbox pool (both owned by the app's lifespan)."""
 
-    def __init__(self, *, llm: LLMClient, pool: RuntimePool, max_output_chars: int) -> None:
+    def __init__(
+        self, *, llm: LLMClient, pool: RuntimePool, max_output_chars: int, images: bool = False
+    ) -> None:
         self._llm = llm
         self._pool = pool
         self._max_output_chars = max_output_chars
+        self._images = images  # whether the model takes images: figures are shown to it
 
     async def run(self, turn: TurnInput, *, depth: int = 0) -> TurnOutcome:
         """Run one turn until the model answers, the turn pauses on a tool call, or it fails."""
@@ -115,7 +119,11 @@ class TurnLoop:
                     response = await self._llm.complete(
                         model=turn.model,
                         instructions=turn.system_prompt,
-                        messages=to_llm_messages(((m.role, m.dump_parts()) for m in messages), after=history),
+                        messages=to_llm_messages(
+                            [(m.role, m.dump_parts()) for m in messages],
+                            after=history,
+                            images=_images(messages) if self._images else None,
+                        ),
                     )
                 except LLMError as exc:
                     log.warning("llm_failed", turn_id=turn.turn_id, code=exc.code)
@@ -231,9 +239,10 @@ class TurnLoop:
         return CallReply(kind="value", value=value)
 
     def _result_message(self, outcome: BlockOutcome, *, note: str | None) -> TranscriptMessage:
-        text = render_helpers_result(outcome, max_chars=self._max_output_chars, note=note)
-        part = HelpersResultPart(status=outcome.status, text=text, dropped=outcome.dropped)
-        return TranscriptMessage(role="user", parts=[part])
+        file_ids = [new_id("file") for _ in outcome.figures]
+        text = render_helpers_result(outcome, max_chars=self._max_output_chars, note=note, file_ids=file_ids)
+        part = HelpersResultPart(status=outcome.status, text=text, dropped=outcome.dropped, files=file_ids)
+        return TranscriptMessage(role="user", parts=[part], images=list(outcome.figures))
 
 
 async def _call_internal_tool(tool: Tool, call: HelperCall) -> CallReply:
@@ -254,6 +263,15 @@ async def _call_internal_tool(tool: Tool, call: HelperCall) -> CallReply:
         log.warning("internal_tool_failed", tool=tool.name, error=type(exc).__name__)
         return CallReply(kind="error", error_type="ToolError", error_message=f"{tool.name} failed: {exc}")
     return CallReply(kind="value", value=value)
+
+
+def _images(messages: Sequence[TranscriptMessage]) -> dict[int, list[str]]:
+    """This turn's figures as data URLs, by message index, for models that take images."""
+    return {
+        index: ["data:image/png;base64," + base64.b64encode(png).decode() for png in message.images]
+        for index, message in enumerate(messages)
+        if message.images
+    }
 
 
 def _finish(

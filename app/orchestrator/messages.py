@@ -31,6 +31,7 @@ class HelpersResultPart(BaseModel):
     status: Literal["ok", "error", "limit", "suspended"]
     text: str
     dropped: list[str] = Field(default_factory=list)
+    files: list[str] = Field(default_factory=list, description="Ids of the figures the block produced.")
 
 
 class ToolCallPart(BaseModel):
@@ -64,6 +65,9 @@ class TranscriptMessage(BaseModel):
 
     role: Role
     parts: list[Part]
+    # PNG figures shown to the model with this message in the turn that made them (not stored here:
+    # they are stored as files, and later turns see the text reference only).
+    images: list[bytes] = Field(default_factory=list, exclude=True)
 
     def dump_parts(self) -> list[dict[str, Any]]:
         """The parts as JSON-ready dicts for the store."""

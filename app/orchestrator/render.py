@@ -10,7 +10,9 @@ from app.orchestrator.messages import Role
 from app.runtime import BlockOutcome
 
 
-def render_helpers_result(outcome: BlockOutcome, *, max_chars: int, note: str | None = None) -> str:
+def render_helpers_result(
+    outcome: BlockOutcome, *, max_chars: int, note: str | None = None, file_ids: Sequence[str] = ()
+) -> str:
     """The ``<helpers_result>`` text for one block, capped at ``max_chars`` of content."""
     sections: list[str] = []
     if outcome.stdout:
@@ -25,6 +27,8 @@ def render_helpers_result(outcome: BlockOutcome, *, max_chars: int, note: str | 
     if outcome.dropped:
         names = ", ".join(outcome.dropped)
         sections.append(f"note: these variables could not be saved between blocks and were dropped: {names}")
+    for file_id in file_ids:
+        sections.append(f"figure: /v1/files/{file_id}")
     if note:
         sections.append(f"note: {note}")
     body = "\n".join(sections) if sections else "(no output)"
@@ -40,14 +44,19 @@ these, without building models: it is read on every turn and grows with the conv
 
 
 def to_llm_messages(
-    transcript: Iterable[StoredMessage], *, after: Sequence[LLMMessage] = ()
+    transcript: Iterable[StoredMessage],
+    *,
+    after: Sequence[LLMMessage] = (),
+    images: Mapping[int, Sequence[str]] | None = None,
 ) -> list[LLMMessage]:
     """The transcript as the model sees it: blocks re-wrapped in their tags, results in theirs.
 
-    ``after`` is an already rendered prefix (the history) that the new messages continue.
+    ``after`` is an already rendered prefix (the history) that the new messages continue;
+    ``images`` maps a message's index in ``transcript`` to image URLs to attach to it.
     """
     rendered = list(after)
-    for role, parts in transcript:
+    for index, (role, parts) in enumerate(transcript):
+        attached = list(images.get(index, ())) if images and role == "user" else []
         chunks: list[str] = []
         for part in parts:
             kind = part["kind"]
@@ -63,7 +72,10 @@ def to_llm_messages(
         content = "".join(chunks) if role == "assistant" else "\n".join(chunks)
         if rendered and rendered[-1].role == role:
             # Consecutive messages of one role (e.g. a failed turn's input) are merged.
-            rendered[-1] = LLMMessage(role=role, content=rendered[-1].content + "\n\n" + content)
+            previous = rendered[-1]
+            rendered[-1] = LLMMessage(
+                role=role, content=previous.content + "\n\n" + content, images=[*previous.images, *attached]
+            )
         else:
-            rendered.append(LLMMessage(role=role, content=content))
+            rendered.append(LLMMessage(role=role, content=content, images=attached))
     return rendered
