@@ -105,3 +105,4 @@ class BlockOutcome(BaseModel):
     journal: list[JournalEntry]
     pending: HelperCall | None
     duration_ms: float
+    figures: list[bytes] = Field(default_factory=list)  # PNG images of the figures the block left open
