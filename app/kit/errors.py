@@ -129,7 +129,8 @@ def _clean_validation_errors(errors: Any) -> list[dict[str, Any]]:
     cleaned: list[dict[str, Any]] = []
     for err in errors:
         loc = [part for part in err.get("loc", ()) if part != "body"]
-        cleaned.append({"loc": loc, "msg": str(err.get("msg", "")), "type": str(err.get("type", ""))})
+        message = str(err.get("msg", "")).removeprefix("Value error, ")
+        cleaned.append({"loc": loc, "msg": message, "type": str(err.get("type", ""))})
     return cleaned
 
 
