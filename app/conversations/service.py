@@ -57,6 +57,11 @@ class TurnRunning(Conflict):
     title = "A turn is already running on this conversation"
 
 
+class AwaitingToolResults(Conflict):
+    code = "awaiting_tool_results"
+    title = "The conversation is waiting for tool results"
+
+
 class NothingPending(Conflict):
     code = "no_pending_tool_calls"
     title = "No tool calls are pending"
@@ -205,7 +210,7 @@ class ConversationService:
         if conversation.status == "awaiting_tool_results":
             paused = self._paused(conversation)
             if not _expired(paused):
-                raise Conflict(
+                raise AwaitingToolResults(
                     "This conversation is waiting for tool results: POST them to "
                     f"/v1/conversations/{conversation.id}/tool-results first.",
                     extra={"current": {"status": conversation.status, "version": conversation.version}},

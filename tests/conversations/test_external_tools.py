@@ -303,7 +303,8 @@ async def test_bad_results_leave_the_conversation_paused(make_client: AppFactory
             "precondition_failed",
         )
         busy = await client.post(f"/v1/conversations/{conv}/messages", json={"input": "hello?"})
-        assert_problem(busy, 409, "conflict")
+        problem = assert_problem(busy, 409, "awaiting_tool_results")
+        assert problem["current"]["status"] == "awaiting_tool_results"
         # Nothing was lost: still paused on the same call, and it resumes fine.
         state = (await client.get(f"/v1/conversations/{conv}")).json()
         assert state["status"] == "awaiting_tool_results"
