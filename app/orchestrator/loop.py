@@ -7,6 +7,7 @@ snapshot and the outcome back (the conversations service persists them).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -203,7 +204,17 @@ class TurnLoop:
             limits=parent.limits,
             network=parent.network,
         )
-        outcome = await self.run(child, depth=ctx.depth + 1)
+        # The parent block holds a sandbox worker while it waits: with none free, the sub-task could
+        # wait for ever (and the parent's wall clock is paused during helper calls), so refuse it.
+        if self._pool.idle_workers == 0:
+            raise HelperError(
+                "sabre_call: no sandbox worker is free for the sub-task (raise SABRE_RUNTIME_WORKERS)"
+            )
+        budget = parent.limits.wall_clock_seconds * parent.max_iterations
+        try:
+            outcome = await asyncio.wait_for(self.run(child, depth=ctx.depth + 1), timeout=budget)
+        except TimeoutError:
+            raise HelperError(f"sabre_call: the sub-task did not finish within {budget:g} s") from None
         for field_name in ("input_tokens", "output_tokens", "llm_calls", "iterations"):
             setattr(
                 ctx.usage, field_name, getattr(ctx.usage, field_name) + getattr(outcome.usage, field_name)
