@@ -1,4 +1,11 @@
 # SABRE service image: Python 3.11, uv-managed dependencies, bubblewrap for the sandbox.
+#
+# The bwrap sandbox (SABRE_SANDBOX=auto picks it when it works) needs user namespaces, which
+# Docker's default seccomp and AppArmor profiles refuse: run the container with
+#   --security-opt seccomp=unconfined --security-opt apparmor=unconfined
+# (or a seccomp profile that allows unshare, clone with namespace flags, mount, umount2 and
+# pivot_root). Otherwise the service falls back to the process sandbox and logs a warning;
+# SABRE_SANDBOX=bwrap makes that a start-up error instead.
 FROM python:3.11-slim-bookworm
 
 RUN apt-get update \

@@ -72,6 +72,9 @@ class Settings(BaseSettings):
     block_memory_mb: int = 2048
     block_wall_clock_seconds: float = 30.0
     block_stdout_bytes: int = 32_000
+    # bwrap: bubblewrap namespaces (no network, only the conversation's directory writable);
+    # process: plain child processes (a warning at start-up); auto: bwrap when it works here.
+    sandbox: Literal["auto", "bwrap", "process"] = "auto"
 
     lock_lease_seconds: float = Field(default=120.0, gt=0)
     tool_call_ttl_seconds: float = Field(default=24 * 3600, gt=0)
@@ -83,6 +86,9 @@ class Settings(BaseSettings):
     fetch_max_bytes: int = Field(default=10_000_000, ge=1024)
     fetch_timeout_seconds: float = Field(default=30.0, gt=0)
     fetch_max_redirects: int = Field(default=5, ge=0, le=20)
+    # Browser.screenshot: a Chromium to drive instead of Playwright's own download (e.g. Debian's
+    # /usr/bin/chromium); unset, Playwright's bundled browser is used.
+    browser_executable: Path | None = None
 
     @field_validator("database_url")
     @classmethod

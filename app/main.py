@@ -19,6 +19,7 @@ from app.config import Settings, is_loopback
 from app.conversations.endpoints import router as conversations_router
 from app.conversations.locks import ConversationLocks, DatabaseLocks, RedisLocks
 from app.files.endpoints import router as files_router
+from app.helpers.net import FetchLimits
 from app.kit import migrate
 from app.kit.body_limit import BodyLimitMiddleware
 from app.kit.db import create_engine, create_sessionmaker
@@ -79,7 +80,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         max_retries=settings.llm_max_retries,
         retry_base_delay=settings.llm_retry_base_delay,
     )
-    pool = RuntimePool(size=settings.runtime_workers, preload=settings.preload_modules)
+    pool = RuntimePool(
+        size=settings.runtime_workers,
+        preload=settings.preload_modules,
+        sandbox=settings.sandbox,
+        workspaces=settings.workspaces_dir,
+    )
     await pool.start()
 
     app.state.engine = engine
@@ -92,7 +98,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.mcp = mcp
     app.state.llm = llm
     app.state.turn_loop = TurnLoop(
-        llm=llm, pool=pool, max_output_chars=settings.max_output_chars, images=settings.llm_images
+        llm=llm,
+        pool=pool,
+        max_output_chars=settings.max_output_chars,
+        images=settings.llm_images,
+        fetch_limits=FetchLimits.from_settings(settings),
     )
     log.info(
         "sabre_started",

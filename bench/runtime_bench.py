@@ -7,8 +7,9 @@ external calls, idle worker memory, and two references: a cold ``python -c pass`
 trivial block run by ``exec()`` in-process (no isolation at all). Latencies are measured with the
 pool idle (each block finds a forked child waiting), as a request arriving at a server would.
 
-Run: ``uv run python bench/runtime_bench.py [--workers 2] [--blocks 300] [--preload numpy,pandas]``
-(the default preload is the pool's: numpy, pandas, matplotlib; ``--preload ''`` for none).
+Run: ``uv run python bench/runtime_bench.py [--workers 2] [--blocks 300] [--preload numpy,pandas]
+[--sandbox auto|bwrap|process]`` (the default preload is the pool's: numpy, pandas, matplotlib;
+``--preload ''`` for none; the default sandbox is ``auto``, as in the service).
 """
 
 from __future__ import annotations
@@ -25,7 +26,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from app.runtime import BlockOutcome, CallReply, HelperCall, JournalEntry, Limits, RuntimePool
+from app.runtime.isolation import SandboxMode
 
+# Like a service's data directory, not under /tmp (a bwrap block gets a /tmp of its own).
+_DATA_PARENT = "/var/tmp" if os.path.isdir("/var/tmp") else None
 TRIVIAL = "print(__import__('time').perf_counter())"
 RESUME = "total = 0\nfor i in range({n}):\n    total += add_one(i)\nprint(total)\n"
 
@@ -145,9 +149,28 @@ def _kib(path: str, *fields: str) -> int:
     return total
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return cmdline.read()
+    except OSError:
+        return b""
+
+
+def _workers(pid: int) -> list[int]:
+    """The worker processes below ``pid`` (under bwrap they sit below bubblewrap's processes)."""
+    found = []
+    for child in _children(pid):
+        if b"app.runtime.worker" in _cmdline(child) and b"bwrap" not in _cmdline(child).split(b"\0")[0]:
+            found.append(child)
+        else:
+            found += _workers(child)
+    return found
+
+
 def memory() -> tuple[float, float]:
     """(RSS of a worker, private memory of its idle child) in MiB, averaged over workers."""
-    workers = _children(os.getpid())
+    workers = _workers(os.getpid())
     rss = [_kib(f"/proc/{w}/status", "VmRSS") / 1024 for w in workers]
     private = [
         _kib(f"/proc/{c}/smaps_rollup", "Private_Clean", "Private_Dirty") / 1024
@@ -176,12 +199,14 @@ def in_process(rounds: int = 2000) -> float:
     return statistics.median(times)
 
 
-async def main(workers: int, blocks: int, preload: Sequence[str]) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
+async def main(workers: int, blocks: int, preload: Sequence[str], sandbox: SandboxMode) -> None:
+    with tempfile.TemporaryDirectory(dir=_DATA_PARENT) as tmp:
+        workspaces = Path(tmp)
+        (workspaces / "conversation").mkdir()
         began = time.perf_counter()
-        async with RuntimePool(size=workers, preload=preload) as pool:
+        async with RuntimePool(size=workers, preload=preload, sandbox=sandbox, workspaces=workspaces) as pool:
             startup = time.perf_counter() - began
-            bench = Bench(pool, Path(tmp), workers)
+            bench = Bench(pool, workspaces / "conversation", workers)
             data = await bench.run(
                 "import numpy as np\nimport pandas as pd\n"
                 "df = pd.DataFrame({'a': range(1000), 'b': ['x'] * 1000})\n"
@@ -204,7 +229,7 @@ async def main(workers: int, blocks: int, preload: Sequence[str]) -> None:
         (
             "pool start (workers ready)",
             f"{startup * ms:.0f} ms",
-            f"{workers} workers, preload {','.join(preload) or '-'}",
+            f"{workers} workers, preload {','.join(preload) or '-'}, sandbox {pool.sandbox}",
         ),
         (
             "block start p50 / p95",
@@ -253,5 +278,7 @@ if __name__ == "__main__":
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--blocks", type=int, default=300)
     parser.add_argument("--preload", default="numpy,pandas,matplotlib")
+    parser.add_argument("--sandbox", choices=("auto", "bwrap", "process"), default="auto")
     options = parser.parse_args()
-    asyncio.run(main(options.workers, options.blocks, [m for m in options.preload.split(",") if m]))
+    preload = [m for m in options.preload.split(",") if m]
+    asyncio.run(main(options.workers, options.blocks, preload, options.sandbox))

@@ -617,7 +617,10 @@ def _pending_out(paused: PausedBlock | None) -> list[schemas.PendingToolCall]:
     ]
 
 
-RESERVED_NAMES = frozenset(HELPERS) | {"ToolError", "print", "result"}
+# Tool names may not shadow a helper, a helper group (``FS``, ``Search``…) or the runtime's own names.
+RESERVED_NAMES = (
+    frozenset(HELPERS) | {name.split(".", 1)[0] for name in HELPERS} | {"ToolError", "print", "result"}
+)
 
 
 def _tool_definitions(tools: Sequence[schemas.ToolIn], *, field: str) -> list[dict[str, Any]]:

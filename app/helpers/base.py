@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from app.llm.base import LLMClient, LLMUsage
 
 if TYPE_CHECKING:
+    from app.helpers.net import FetchLimits
     from app.personas.models import Network
 
 
@@ -44,6 +45,8 @@ class HelperContext:
     subtask: Callable[[str, list[Any]], Awaitable[str]] | None = None
     # How deep in nested sub-tasks this context is (0: the conversation's own turn).
     depth: int = 0
+    # Caps of every fetch by the network helpers (None: the service's SABRE_FETCH_* settings).
+    fetch_limits: FetchLimits | None = None
 
 
 HelperFn = Callable[[HelperContext, list[Any], dict[str, Any]], Awaitable[Any]]
@@ -66,3 +69,35 @@ class HelperSpec:
 
 class HelperError(Exception):
     """A helper refused its arguments or failed; the message is shown to the model."""
+
+
+def bind_arguments(
+    usage: str,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    *,
+    positional: Sequence[str],
+    defaults: Mapping[str, Any] | None = None,
+    keyword_only: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The call's arguments by name, as Python would bind them to ``usage``, defaults filled in.
+
+    ``positional`` names may be passed either way (those without a default are required);
+    ``keyword_only`` names only by keyword. A call that would not bind raises HelperError naming
+    the problem and the usage, which is what the model needs to fix its call.
+    """
+    defaults = defaults or {}
+    keyword_only = keyword_only or {}
+    if len(args) > len(positional):
+        raise HelperError(f"too many positional arguments; usage: {usage}")
+    bound = dict(zip(positional, args, strict=False))
+    for name, value in kwargs.items():
+        if name in bound:
+            raise HelperError(f"got multiple values for {name!r}; usage: {usage}")
+        if name not in positional and name not in keyword_only:
+            raise HelperError(f"unexpected argument {name!r}; usage: {usage}")
+        bound[name] = value
+    missing = [n for n in positional if n not in bound and n not in defaults]
+    if missing:
+        raise HelperError(f"missing required argument {missing[0]!r}; usage: {usage}")
+    return {**defaults, **keyword_only, **bound}

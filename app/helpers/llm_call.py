@@ -22,6 +22,16 @@ def _render(item: Any) -> str:
     return json.dumps(item, ensure_ascii=False, default=str, indent=1)
 
 
+def render_data(data: Any, *, helper: str) -> str:
+    """``data`` (a value or a list of values) as numbered ``<data>`` sections for a prompt; a
+    HelperError when it is over the size limit."""
+    items = data if isinstance(data, list) else [data]
+    body = "\n\n".join(f"<data index={i}>\n{_render(x)}\n</data>" for i, x in enumerate(items))
+    if len(body) > MAX_DATA_CHARS:
+        raise HelperError(f"{helper}: data is {len(body)} characters, the limit is {MAX_DATA_CHARS}")
+    return body
+
+
 async def llm_call(ctx: HelperContext, args: list[Any], kwargs: dict[str, Any]) -> str:
     """Run one completion over ``expr_list`` with ``instructions``; returns the model's text."""
     params = dict(zip(("expr_list", "instructions"), args, strict=False)) | kwargs
@@ -31,11 +41,7 @@ async def llm_call(ctx: HelperContext, args: list[Any], kwargs: dict[str, Any]) 
     instructions = params["instructions"]
     if not isinstance(instructions, str) or not instructions.strip():
         raise HelperError("llm_call: instructions must be a non-empty string")
-    data = params["expr_list"]
-    items = data if isinstance(data, list) else [data]
-    body = "\n\n".join(f"<data index={i}>\n{_render(x)}\n</data>" for i, x in enumerate(items))
-    if len(body) > MAX_DATA_CHARS:
-        raise HelperError(f"llm_call: data is {len(body)} characters, the limit is {MAX_DATA_CHARS}")
+    body = render_data(params["expr_list"], helper="llm_call")
     response = await ctx.llm.complete(
         model=ctx.model,
         instructions=SYSTEM,

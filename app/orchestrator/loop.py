@@ -18,6 +18,7 @@ from typing import Any, Literal
 import structlog
 
 from app.helpers import HELPERS, PARENT_HELPERS, HelperContext, HelperError, Usage
+from app.helpers.net import FetchLimits
 from app.kit.clock import utcnow
 from app.kit.ids import new_id
 from app.kit.metrics import BLOCK_SECONDS, BLOCKS
@@ -88,9 +89,16 @@ class TurnLoop:
     """Runs turns with one LLM client and one sandbox pool (both owned by the app's lifespan)."""
 
     def __init__(
-        self, *, llm: LLMClient, pool: RuntimePool, max_output_chars: int, images: bool = False
+        self,
+        *,
+        llm: LLMClient,
+        pool: RuntimePool,
+        max_output_chars: int,
+        images: bool = False,
+        fetch_limits: FetchLimits | None = None,
     ) -> None:
         self._llm = llm
+        self._fetch_limits = fetch_limits
         self._pool = pool
         self._max_output_chars = max_output_chars
         self._images = images  # whether the model takes images: figures are shown to it
@@ -98,7 +106,12 @@ class TurnLoop:
     async def run(self, turn: TurnInput, *, depth: int = 0) -> TurnOutcome:
         """Run one turn until the model answers, the turn pauses on a tool call, or it fails."""
         ctx = HelperContext(
-            llm=self._llm, model=turn.model, workdir=turn.workdir, network=turn.network, depth=depth
+            llm=self._llm,
+            model=turn.model,
+            workdir=turn.workdir,
+            network=turn.network,
+            depth=depth,
+            fetch_limits=self._fetch_limits,
         )
         ctx.subtask = lambda description, data: self._subtask(turn, ctx, description=description, data=data)
         messages = list(turn.new_messages)

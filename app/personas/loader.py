@@ -33,24 +33,7 @@ HELPERS_CLOSE = "</helpers>"
 # Helpers the full helper library (issue 4) adds. A persona may feature them before they exist:
 # start-up warns and the prompt leaves them out until they are registered in HELPERS, so a typo
 # is still an error while shipped personas can name the library they are written for.
-PENDING_HELPERS: frozenset[str] = frozenset(
-    {
-        "llm_bind",
-        "llm_list_bind",
-        "coerce",
-        "pandas_bind",
-        "sabre_call",
-        "download",
-        "FS.read_file",
-        "FS.write_file",
-        "FS.list_files",
-        "Bash.execute",
-        "Search.search",
-        "Web.get",
-        "Web.download_csv",
-        "Browser.screenshot",
-    }
-)
+PENDING_HELPERS: frozenset[str] = frozenset()
 
 Severity = Literal["error", "warning"]
 Loc = tuple[str | int, ...]

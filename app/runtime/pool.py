@@ -7,6 +7,11 @@ recycled: killed and replaced in the background, so the framing can never get ou
 
 Everything the parent reads from a worker is JSON (validated, size-capped); the snapshot blob is
 carried opaque and never unpickled here.
+
+Isolation (``sandbox=``, ``app.runtime.isolation``): ``bwrap`` runs each worker in bubblewrap
+namespaces and narrows each block to its own directory of ``workspaces``; ``process`` is a plain
+child process (limits and a clean environment only). ``auto`` probes bubblewrap once at start-up
+(the whole set-up, in a throwaway directory) and falls back to ``process`` with a warning.
 """
 
 from __future__ import annotations
@@ -16,19 +21,30 @@ import contextlib
 import keyword
 import logging
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
+import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from app.runtime import isolation
+from app.runtime.isolation import Backend, Identity, SandboxMode
 from app.runtime.protocol import (
+    JOURNALED_SANDBOX_HELPERS,
+    MAX_FIGURE_BYTES,
+    MAX_FIGURES,
     MAX_HEADER_BYTES,
+    PNG_SIGNATURE,
     PREFIX,
     PROTOCOL_VERSION,
+    SANDBOX_GROUPS,
+    SANDBOX_HELPERS,
     FrameError,
     decode_header,
     decode_prefix,
@@ -38,6 +54,7 @@ from app.runtime.protocol import (
 from app.runtime.schemas import BlockOutcome, CallReply, HelperCall, JournalEntry, Limits
 
 logger = logging.getLogger(__name__)
+log = structlog.get_logger(__name__)
 
 _PROJECT_ROOT: Final = Path(__file__).resolve().parents[2]
 # Names the runtime puts in every namespace; helpers and tools may not take them.
@@ -48,6 +65,9 @@ _KILL_GRACE_SECONDS: Final = 0.5
 _START_TIMEOUT_SECONDS: Final = 120.0  # a cold first import of numpy+pandas+matplotlib is slow
 _REARM_TIMEOUT_SECONDS: Final = 30.0
 _MAX_RESPAWN_DELAY: Final = 30.0
+_PROBE_TIMEOUT_SECONDS: Final = 60.0
+# Whether bubblewrap works here, by (bwrap, workspaces, euid): None when it does, else why not.
+_probe_cache: dict[tuple[str, str, int], str | None] = {}
 
 OnCall = Callable[[HelperCall], Awaitable[CallReply]]
 
@@ -92,6 +112,17 @@ class _CallFrame(_Frame):
     call: HelperCall
 
 
+class _RecordFrame(_Frame):
+    """A sandbox-side helper ran in the child: one journal entry, value or error."""
+
+    t: Literal["record"]
+    name: str
+    digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    value: Any = None
+    error_type: str | None = None
+    error_message: str | None = None
+
+
 class _DoneFrame(_Frame):
     t: Literal["done"]
     status: Literal["ok", "error", "limit", "suspended"]
@@ -101,6 +132,10 @@ class _DoneFrame(_Frame):
     limit: str | None
     dropped: list[str]
     replayed: int = Field(ge=0)
+    # Sizes of the PNGs that follow the snapshot in the blob.
+    figures: list[Annotated[int, Field(gt=0, le=MAX_FIGURE_BYTES)]] = Field(
+        default_factory=list, max_length=MAX_FIGURES
+    )
 
 
 class _BlockFailed(Exception):
@@ -119,8 +154,11 @@ class _BlockFailed(Exception):
 class _Worker:
     """A worker process and the pid of its idle child."""
 
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process, *, namespaced: bool = False) -> None:
         self.proc = proc
+        # bwrap: the worker reports pids of its own PID namespace, meaningless (and dangerous
+        # to signal) here; killing bubblewrap takes the whole namespace down instead.
+        self.namespaced = namespaced
         self.child_pid: int | None = None
         self.dead = False
         assert proc.stdin is not None
@@ -153,7 +191,7 @@ class _Worker:
         self.dead = True
         if self.proc.returncode is not None:
             return  # reaped already: its pid (and the child's, gone with it) may be reused
-        for pgid in (self.child_pid, self.proc.pid):
+        for pgid in (None if self.namespaced else self.child_pid, self.proc.pid):
             if pgid:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pgid, signal.SIGKILL)
@@ -184,13 +222,39 @@ def _exit_failure(frame: _ExitFrame, limits: Limits) -> _BlockFailed:
 
 
 class RuntimePool:
-    """A pool of warm sandbox workers; ``run_block`` runs one block in a fresh fork."""
+    """A pool of warm sandbox workers; ``run_block`` runs one block in a fresh fork.
 
-    def __init__(self, *, size: int = 2, preload: Sequence[str] = ("numpy", "pandas", "matplotlib")) -> None:
+    ``sandbox``: ``bwrap``, ``process`` or ``auto`` (bwrap when it works here, else process with
+    a warning). ``workspaces``: the directory holding one working directory per conversation;
+    bwrap needs it (it is the only writable place a worker sees), and when it is given every
+    block's ``workdir`` must lie inside it.
+    """
+
+    def __init__(
+        self,
+        *,
+        size: int = 2,
+        preload: Sequence[str] = ("numpy", "pandas", "matplotlib"),
+        sandbox: SandboxMode = "auto",
+        workspaces: Path | None = None,
+    ) -> None:
         if size < 1:
             raise ValueError("a runtime pool needs at least one worker")
+        if sandbox not in ("auto", "bwrap", "process"):
+            raise ValueError(f"unknown sandbox {sandbox!r} (auto, bwrap or process)")
+        if sandbox == "bwrap" and workspaces is None:
+            raise ValueError("the bwrap sandbox needs the workspaces directory")
+        if workspaces is not None and not workspaces.is_absolute():
+            raise ValueError(f"workspaces must be an absolute path, not {workspaces}")
         self._size = size
         self._preload = tuple(preload)
+        self._mode: SandboxMode = sandbox
+        self._workspaces = workspaces
+        self._backend: Backend | None = None  # chosen by start()
+        # Who blocks run as when the server is root (None: the server's own unprivileged user).
+        self._identity: Identity | None = isolation.sandbox_identity()
+        self._bwrap: str | None = None
+        self._userns_fd: int | None = None
         self._idle: asyncio.Queue[_Worker] = asyncio.Queue()
         self._workers: set[_Worker] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -202,10 +266,32 @@ class RuntimePool:
         """Workers whose child is forked and waiting for a block (for readiness and metrics)."""
         return self._idle.qsize()
 
+    @property
+    def sandbox(self) -> Backend:
+        """The isolation backend in use (``bwrap`` or ``process``); known once started."""
+        if self._backend is None:
+            raise RuntimeError("the runtime pool is not started")
+        return self._backend
+
+    @property
+    def sandbox_owner(self) -> Identity | None:
+        """The host uid/gid blocks run as when the server runs as root (files the server writes
+        into a working directory are readable by it, writable only once chowned to it)."""
+        return self._identity
+
     # Lifespan ------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start the workers and wait until each has an idle child."""
+        """Choose the sandbox, start the workers and wait until each has an idle child.
+
+        RuntimeError when ``sandbox="bwrap"`` and bubblewrap does not work here (saying why), or
+        when a worker fails to start.
+        """
+        try:
+            self._backend = await self._choose_backend()
+        except BaseException:
+            self._close_userns()
+            raise
         results = await asyncio.gather(*(self._spawn() for _ in range(self._size)), return_exceptions=True)
         failures = [r for r in results if isinstance(r, BaseException)]
         if failures:
@@ -226,6 +312,117 @@ class RuntimePool:
         await asyncio.gather(*(w.proc.wait() for w in workers), return_exceptions=True)
         await asyncio.gather(*list(self._tasks), return_exceptions=True)
         self._workers.clear()
+        self._close_userns()
+
+    def _close_userns(self) -> None:
+        if self._userns_fd is not None:
+            os.close(self._userns_fd)
+            self._userns_fd = None
+
+    # Choosing the sandbox --------------------------------------------------------------------
+
+    async def _choose_backend(self) -> Backend:
+        """``process``, or ``bwrap`` once a probe shows it works here (``auto`` falls back)."""
+        self._prepare_workspaces()
+        if self._mode == "process":
+            self._start_process_backend(reason="SABRE_SANDBOX=process")
+            return "process"
+        reason = await self._probe()
+        if reason is None:
+            log.info("sandbox_backend", backend="bwrap", workspaces=str(self._workspaces))
+            return "bwrap"
+        self._close_userns()
+        if self._mode == "bwrap":
+            raise RuntimeError(f"SABRE_SANDBOX=bwrap, but bubblewrap does not work here: {reason}")
+        self._start_process_backend(reason=reason)
+        return "process"
+
+    def _prepare_workspaces(self) -> None:
+        """Create the workspaces directory, resolve it, let the sandbox identity pass through."""
+        if self._workspaces is not None:
+            self._workspaces.mkdir(parents=True, exist_ok=True)
+            self._workspaces = self._workspaces.resolve()
+            isolation.make_traversable(self._workspaces, self._identity)
+
+    def _start_process_backend(self, *, reason: str) -> None:
+        log.warning(
+            "sandbox_without_namespaces",
+            backend="process",
+            reason=reason,
+            consequence=(
+                "blocks run as plain child processes: the network is open to them and, as the "
+                "same user, other conversations' files are not hidden"
+            ),
+        )
+        if self._identity is None:
+            # Blocks run as this process's user: keep its environment (the LLM key, the database
+            # URL) and memory out of their reach through /proc.
+            isolation.set_dumpable(False)
+
+    async def _probe(self) -> str | None:
+        """None when bubblewrap runs the whole set-up here, else why not (cached per process)."""
+        if self._workspaces is None:
+            return "no workspaces directory was given"
+        bwrap = isolation.find_bwrap()
+        if bwrap is None:
+            return "bwrap is not installed (Debian package bubblewrap)"
+        self._bwrap = bwrap
+        if self._identity is not None:
+            try:
+                self._userns_fd = await asyncio.to_thread(isolation.create_userns, self._identity)
+            except OSError as exc:
+                return f"cannot create a user namespace: {exc}"
+        key = (bwrap, str(self._workspaces), os.geteuid())
+        if key not in _probe_cache:
+            _probe_cache[key] = await self._run_probe(bwrap)
+        return _probe_cache[key]
+
+    async def _run_probe(self, bwrap: str) -> str | None:
+        assert self._workspaces is not None
+        probe_dir = Path(tempfile.mkdtemp(prefix=".sandbox-probe-", dir=self._workspaces))
+        try:
+            isolation.adopt(probe_dir, self._identity)
+            command = [sys.executable, "-m", "app.runtime.isolation", "--probe", str(probe_dir)]
+            command += ["--workspaces", str(self._workspaces)]
+            if self._identity is not None:
+                command += ["--identity", str(self._identity)]
+            proc = await asyncio.create_subprocess_exec(
+                *self._bwrap_argv(bwrap, command),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+                env=worker_env(),
+                cwd=_PROJECT_ROOT,
+                start_new_session=True,
+                pass_fds=self._pass_fds(),
+            )
+            try:
+                async with asyncio.timeout(_PROBE_TIMEOUT_SECONDS):
+                    _, stderr = await proc.communicate()
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+                return f"the bwrap probe did not finish in {_PROBE_TIMEOUT_SECONDS:g}s"
+        finally:
+            shutil.rmtree(probe_dir, ignore_errors=True)
+        if proc.returncode == 0:
+            return None
+        lines = stderr.decode(errors="replace").strip().splitlines()
+        return (lines[-1] if lines else "") or f"the bwrap probe exited with code {proc.returncode}"
+
+    def _bwrap_argv(self, bwrap: str, command: Sequence[str]) -> list[str]:
+        assert self._workspaces is not None
+        return isolation.bwrap_argv(
+            bwrap=bwrap,
+            command=command,
+            workspaces=self._workspaces,
+            env=worker_env(),
+            userns_fd=self._userns_fd,
+            cwd=_PROJECT_ROOT,
+        )
+
+    def _pass_fds(self) -> tuple[int, ...]:
+        return () if self._userns_fd is None else (self._userns_fd,)
 
     async def __aenter__(self) -> RuntimePool:
         await self.start()
@@ -241,20 +438,27 @@ class RuntimePool:
 
     async def _spawn(self) -> _Worker:
         """Start one worker process and wait for its first idle child."""
+        backend = self.sandbox
+        command = [sys.executable, "-m", "app.runtime.worker", "--preload", ",".join(self._preload)]
+        command += ["--isolation", backend]
+        if self._workspaces is not None:
+            command += ["--workspaces", str(self._workspaces)]
+        if self._identity is not None:
+            command += ["--identity", str(self._identity)]
+        if backend == "bwrap":
+            assert self._bwrap is not None
+            command = self._bwrap_argv(self._bwrap, command)
         proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "app.runtime.worker",
-            "--preload",
-            ",".join(self._preload),
+            *command,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             env=worker_env(),
             cwd=_PROJECT_ROOT,
             start_new_session=True,  # its own process group, killed as one
             limit=1 << 20,
+            pass_fds=self._pass_fds() if backend == "bwrap" else (),
         )
-        worker = _Worker(proc)
+        worker = _Worker(proc, namespaced=backend == "bwrap")
         self._workers.add(worker)
         self._background(self._watch(worker))
         try:
@@ -330,6 +534,7 @@ class RuntimePool:
         _check_names(internal_helpers, external_tools)
         if not workdir.is_absolute():
             raise ValueError(f"workdir must be an absolute path, not {workdir}")
+        workdir = self._block_workdir(workdir)
         request = encode_frame(
             {
                 "t": "run",
@@ -378,6 +583,23 @@ class RuntimePool:
         self._background(self._rearm(worker, worker.child_pid))
         return outcome
 
+    def _block_workdir(self, workdir: Path) -> Path:
+        """The workdir as the child gets it: resolved, checked to lie inside the workspaces (when
+        the pool has them), owned by the sandbox identity (when the server is root)."""
+        if self._workspaces is None:
+            isolation.adopt(workdir, self._identity)
+            return workdir
+        workdir = workdir.resolve()
+        if workdir == self._workspaces or not workdir.is_relative_to(self._workspaces):
+            raise ValueError(f"workdir {workdir} is not inside the workspaces {self._workspaces}")
+        if self._identity is not None:
+            # Each directory from the conversation's down to the workdir (usually just one).
+            directory = self._workspaces
+            for part in workdir.relative_to(self._workspaces).parts:
+                directory = directory / part
+                isolation.adopt(directory, self._identity)
+        return workdir
+
     async def _acquire(self) -> _Worker:
         """An idle worker, waiting for one if all are busy; dead ones are skipped.
 
@@ -401,6 +623,17 @@ class RuntimePool:
                 return worker
 
 
+async def bwrap_problem(workspaces: Path) -> str | None:
+    """Why bubblewrap cannot run the sandbox here with this workspaces directory (None when it
+    can): the probe ``sandbox="auto"`` runs at start-up, cached the same way."""
+    pool = RuntimePool(size=1, sandbox="bwrap", workspaces=workspaces)
+    try:
+        pool._prepare_workspaces()
+        return await pool._probe()
+    finally:
+        pool._close_userns()
+
+
 def _wire_entry(entry: JournalEntry) -> list[Any]:
     """A journal entry as the child reads it: [name, digest, value] or, for an error,
     [name, digest, null, error_type, error_message] (compact: a resume may carry hundreds)."""
@@ -422,16 +655,31 @@ def _encode_reply(reply: CallReply) -> bytes:
 
 
 def _check_names(internal: Sequence[str], external: Mapping[str, Sequence[str]]) -> None:
-    """Helper and tool names become variables of the block: refuse what cannot be one."""
+    """Helper and tool names become variables of the block: refuse what cannot be one.
+
+    A name is an identifier (``llm_call``) or ``group.name`` (``Search.search``: an attribute of
+    the block's ``Search`` object); no segment may be a keyword or start with ``__``. Names the
+    runtime defines itself (``result``, the sandbox helpers ``FS.read_file``, ``pandas_bind``, and
+    the groups ``FS``/``Bash`` as plain names) are refused; a group may gain parent helpers.
+    """
     seen: set[str] = set()
+    flat: set[str] = set()
+    groups: set[str] = set()
     for name in [*internal, *external]:
-        if not name.isidentifier() or keyword.iskeyword(name) or name.startswith("__"):
+        parts = name.split(".")
+        if len(parts) > 2 or not all(
+            p.isidentifier() and not keyword.iskeyword(p) and not p.startswith("__") for p in parts
+        ):
             raise ValueError(f"{name!r} cannot be a helper or tool name")
-        if name in RESERVED_NAMES:
+        if name in RESERVED_NAMES or parts[0] in RESERVED_NAMES or name in SANDBOX_HELPERS:
             raise ValueError(f"{name!r} is reserved by the runtime")
         if name in seen:
             raise ValueError(f"{name!r} is both a helper and a tool (or listed twice)")
         seen.add(name)
+        (groups if len(parts) == 2 else flat).add(parts[0])
+    clash = flat & (groups | SANDBOX_GROUPS)
+    if clash:
+        raise ValueError(f"{sorted(clash)[0]!r} is reserved by the runtime: it is a group of helpers")
     for name, params in external.items():
         for param in params:
             if not isinstance(param, str) or not param:
@@ -480,7 +728,8 @@ class _Exchange:
                 try:
                     async with asyncio.timeout(remaining):
                         header, blob = await self._worker.read(
-                            max_blob=limits.snapshot_bytes, max_header=max_header
+                            max_blob=limits.snapshot_bytes + MAX_FIGURES * MAX_FIGURE_BYTES,
+                            max_header=max_header,
                         )
                 except TimeoutError:
                     raise _BlockFailed("limit", limit_label("wall_clock", limits.model_dump())) from None
@@ -488,6 +737,8 @@ class _Exchange:
                 match header["t"]:
                     case "call" if self._pending is None:
                         await self._answer(_CallFrame.model_validate(header))
+                    case "record" if self._pending is None:
+                        self._record(_RecordFrame.model_validate(header))
                     case "done":
                         return self._done(_DoneFrame.model_validate(header), blob)
                     case "exit":
@@ -532,12 +783,50 @@ class _Exchange:
             )
         await self._worker.send(data)
 
+    def _record(self, frame: _RecordFrame) -> None:
+        """Journal a sandbox-side helper the child ran (it reports after the journal replayed)."""
+        if frame.name not in JOURNALED_SANDBOX_HELPERS:
+            raise _BlockFailed("error", f"SandboxError: a record of an unknown helper {frame.name!r}")
+        self._replayed = len(self._replay)
+        self._live = True
+        failed = frame.error_type is not None or frame.error_message is not None
+        self._new.append(
+            JournalEntry(
+                name=frame.name,
+                digest=frame.digest,
+                value=None if failed else frame.value,
+                error_type=(frame.error_type or "Error") if failed else None,
+                error_message=(frame.error_message or "") if failed else None,
+            )
+        )
+
+    def _figures(self, frame: _DoneFrame, blob: bytes) -> tuple[bytes, list[bytes]]:
+        """Split the blob into the snapshot and the figures; each must be a PNG (checked by its
+        signature only: the parent never decodes what the child sends)."""
+        if not frame.figures:
+            return blob, []
+        end = len(blob) - sum(frame.figures)
+        if end < 0:
+            raise _BlockFailed("error", "SandboxError: the figures do not fit in the frame")
+        figures: list[bytes] = []
+        start = end
+        for size in frame.figures:
+            image = blob[start : start + size]
+            if not image.startswith(PNG_SIGNATURE):
+                raise _BlockFailed("error", "SandboxError: a figure is not a PNG")
+            figures.append(image)
+            start += size
+        return blob[:end], figures
+
     def _done(self, frame: _DoneFrame, blob: bytes) -> BlockOutcome:
         if (frame.status == "suspended") != (self._pending is not None):
             raise _BlockFailed("error", "SandboxError: the block's process ignored a suspend")
         if frame.replayed > len(self._replay) or (self._live and frame.replayed != len(self._replay)):
             raise _BlockFailed("error", "SandboxError: inconsistent replay count")
         self._replayed = frame.replayed
+        blob, figures = self._figures(frame, blob)
+        if len(blob) > self._limits.snapshot_bytes:
+            raise _BlockFailed("error", "SandboxError: the snapshot is larger than its limit")
         keep_snapshot = frame.status in ("ok", "error") and bool(blob)
         # Every field is validated already (the frame above, the journal by its model).
         return BlockOutcome.model_construct(
@@ -551,4 +840,5 @@ class _Exchange:
             journal=self.journal,
             pending=self._pending,
             duration_ms=0.0,
+            figures=figures if frame.status in ("ok", "error") else [],
         )

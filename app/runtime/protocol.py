@@ -11,8 +11,13 @@ Frames, by direction (header fields after the tag):
   raised, ``[name, digest, null, error_type, error_message]``;
 - child -> parent ``call {digest, call}`` (a ``HelperCall``), answered by
   parent -> child ``reply {kind, value, error_type, error_message}`` (a ``CallReply``);
-- child -> parent ``done {status, stdout, results, error, limit, dropped, replayed}``,
-  blob = the new snapshot; then the child exits;
+- child -> parent ``record {name, digest, value, error_type, error_message}``, one-way: a
+  sandbox-side helper (``FS.write_file``, ``Bash.execute``, ...) ran in the child; the parent appends
+  it to the block's journal, in call order with the calls, so a replay returns the recorded value
+  instead of running it again;
+- child -> parent ``done {status, stdout, results, error, limit, dropped, replayed, figures}``,
+  blob = the new snapshot followed by the PNG images of the figures the block left open
+  (``figures`` lists their sizes, in order); then the child exits;
 - worker -> parent ``exit {pid, code, signal, cpu_seconds}``: a child ended (written only once it
   is dead and reaped, so nothing of the child can follow it).
 
@@ -28,10 +33,10 @@ import json.encoder
 import math
 import os
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final, Literal
 
-PROTOCOL_VERSION: Final = 1
+PROTOCOL_VERSION: Final = 2
 PREFIX: Final = struct.Struct(">II")
 # A header carries stdout, results, an error or a call's arguments. They are capped in the child
 # (stdout_bytes) except a call's arguments, which may legitimately be large (a prompt with data).
@@ -41,7 +46,25 @@ EXIT_EOF: Final = 75
 # The filename blocks are compiled with; tracebacks keep only frames from it.
 BLOCK_FILENAME: Final = "<helpers>"
 
-LimitKind = Literal["wall_clock", "cpu_time", "memory", "file_size", "snapshot_size"]
+# Helpers that run in the child itself (``app.runtime.library``), present in every block. The
+# journaled ones have effects or read state, so a replayed block gets their recorded value;
+# ``pandas_bind`` only builds a value (its ``.ask`` goes through the journaled ``llm_call``).
+JOURNALED_SANDBOX_HELPERS: Final = frozenset(
+    {"FS.read_file", "FS.write_file", "FS.list_files", "Bash.execute"}
+)
+SANDBOX_HELPERS: Final = JOURNALED_SANDBOX_HELPERS | {"pandas_bind"}
+# The namespace objects of the dotted sandbox helpers (``FS``, ``Bash``).
+SANDBOX_GROUPS: Final = frozenset(name.split(".", 1)[0] for name in SANDBOX_HELPERS if "." in name)
+# A ``record`` frame beyond this is refused in the child (the call raises instead): the journal is
+# stored with the conversation.
+MAX_RECORD_BYTES: Final = 8 * 1024 * 1024
+
+# Figures of one block: at most this many, each a PNG of at most this size.
+MAX_FIGURES: Final = 10
+MAX_FIGURE_BYTES: Final = 5 * 1024 * 1024
+PNG_SIGNATURE: Final = b"\x89PNG\r\n\x1a\n"
+
+LimitKind = Literal["wall_clock", "cpu_time", "memory", "file_size", "snapshot_size", "processes"]
 
 
 class FrameError(Exception):
@@ -178,6 +201,8 @@ def limit_label(kind: LimitKind, limits: Mapping[str, Any]) -> str:
             return f"file_size {limits['file_size_mb']}MB"
         case "snapshot_size":
             return f"snapshot_size {int(limits['snapshot_bytes']) / 1e6:g}MB"
+        case "processes":
+            return f"processes {limits['max_processes']}"
 
 
 # Blocking helpers for the worker and its child (the parent uses asyncio streams instead).
@@ -212,9 +237,11 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def write_frame(fd: int, header: Mapping[str, Any], blob: bytes = b"") -> None:
-    """Write one frame; the blob is written separately so a large snapshot is not copied."""
+def write_frame(fd: int, header: Mapping[str, Any], blob: bytes = b"", more: Sequence[bytes] = ()) -> None:
+    """Write one frame whose blob is ``blob`` then each of ``more``; the parts are written
+    separately so a large snapshot is not copied."""
     data = _STRICT.encode(header).encode()
-    write_all(fd, PREFIX.pack(len(data), len(blob)) + data)
-    if blob:
-        write_all(fd, blob)
+    write_all(fd, PREFIX.pack(len(data), len(blob) + sum(map(len, more))) + data)
+    for part in (blob, *more):
+        if part:
+            write_all(fd, part)

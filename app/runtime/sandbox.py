@@ -4,8 +4,9 @@ While idle, the child prepares everything that does not depend on the block (its
 output capture, signal handlers) and runs a dry block through the whole code path, so the real
 block pays no first-use costs (copy-on-write faults, caches); then it tells the parent it is ready
 and blocks on its request pipe. When a block arrives it applies the limits, restores the
-namespace, runs the code, answers helper calls from the journal or over the pipe, snapshots the
-namespace, reports, and exits.
+namespace, runs the code, answers helper calls from the journal or over the pipe, runs the
+sandbox-side helpers (``app.runtime.library``) and journals those with effects, captures the
+figures left open, snapshots the namespace, reports, and exits.
 
 Pickles are only ever loaded here, never in the parent: a snapshot comes from an earlier child of
 the same conversation.
@@ -17,6 +18,7 @@ import builtins
 import collections
 import contextlib
 import ctypes
+import functools
 import gc
 import io
 import json
@@ -30,12 +32,15 @@ import sys
 import threading
 import types
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Final, Literal, NoReturn
 
-from app.runtime import snapshot
+from app.runtime import isolation, library, snapshot
 from app.runtime.protocol import (
     BLOCK_FILENAME,
     EXIT_EOF,
+    JOURNALED_SANDBOX_HELPERS,
+    MAX_RECORD_BYTES,
     PROTOCOL_VERSION,
     LimitKind,
     call_digest,
@@ -44,6 +49,7 @@ from app.runtime.protocol import (
     limit_label,
     read_frame,
     to_json,
+    write_all,
     write_frame,
 )
 
@@ -53,6 +59,8 @@ _PR_SET_PDEATHSIG: Final = 1
 # (RLIMIT_AS counts mappings, so an untouched mapping reserves room without using memory).
 _RESERVE_BYTES: Final = 16 << 20
 _WRITE_SLICE: Final = 1 << 20
+# A journaled error message of a sandbox helper is kept to this many bytes.
+_ERROR_MESSAGE_BYTES: Final = 4_000
 
 
 class ToolError(RuntimeError):
@@ -64,6 +72,57 @@ class ToolError(RuntimeError):
     def __init__(self, message: str, error_type: str | None = None) -> None:
         super().__init__(message)
         self.error_type = error_type
+
+
+class _RecordTooLarge(ValueError):
+    """A sandbox helper's value is too large to journal (the call raises this instead)."""
+
+
+class HelperGroup:
+    """``FS``, ``Bash``, ``Search``, ...: the helpers named ``<group>.<name>``, as attributes.
+
+    Made anew for every block and saved in a snapshot by name only (a variable holding one is
+    bound to the next block's group), so nothing of a block's machinery outlives it.
+    """
+
+    __slots__ = ("_members", "_name")
+    _members: dict[str, Callable[..., Any]]
+    _name: str
+
+    def __init__(self, name: str, members: Mapping[str, Callable[..., Any]]) -> None:
+        object.__setattr__(self, "_name", name)
+        object.__setattr__(self, "_members", dict(members))
+
+    def __getattr__(self, attr: str) -> Callable[..., Any]:
+        try:
+            return self._members[attr]
+        except KeyError:
+            raise AttributeError(
+                f"{self._name} has no helper {attr!r} (it has: {', '.join(sorted(self._members))})"
+            ) from None
+
+    def __setattr__(self, attr: str, value: object) -> None:
+        raise AttributeError(f"the helpers of {self._name} cannot be replaced")
+
+    def __dir__(self) -> list[str]:
+        return sorted(self._members)
+
+    def __repr__(self) -> str:
+        return f"<helpers {self._name}: {', '.join(sorted(self._members))}>"
+
+
+def _namespace_names(members: Mapping[str, Callable[..., Any]]) -> dict[str, Any]:
+    """The namespace entries of the block's helpers: flat names as they are, dotted names
+    grouped into one ``HelperGroup`` per prefix."""
+    flat: dict[str, Any] = {}
+    groups: dict[str, dict[str, Callable[..., Any]]] = {}
+    for name, fn in members.items():
+        head, dot, attr = name.partition(".")
+        if dot:
+            groups.setdefault(head, {})[attr] = fn
+        else:
+            flat[name] = fn
+    return {**flat, **{head: HelperGroup(head, group) for head, group in groups.items()}}
 
 
 # -- output capture ------------------------------------------------------------------------
@@ -126,6 +185,7 @@ class _Capture:
             self.add(data)
 
     def _pump(self) -> None:
+        isolation.thread_started()  # started before the block: drops its own privileges
         poller = select.poll()
         poller.register(self._read_fd, select.POLLIN)
         while True:
@@ -379,22 +439,35 @@ class _Block:
         self.results = _Results(int(self._limits["stdout_bytes"]))
         self.source = _Source(request["code"], None)
         self.namespace: dict[str, Any] = {}
+        self._workdir = Path(str(request["workdir"]))
+        self._pid = os.getpid()  # a fork of the code is not the block: it must never report
+
+    @property
+    def workdir(self) -> Path:
+        """The block's working directory, resolved (``library.Host``)."""
+        return self._workdir
 
     def start(self) -> None:
         """Apply the limits, enter the work directory, start the wall clock."""
         limits = self._limits
         self._capture.set_limit(int(limits["stdout_bytes"]))
         try:
-            apply_limits(limits, dry=self._dry)
             workdir = str(self._request["workdir"])
-            os.chdir(workdir)
+            if self._dry:
+                os.chdir(workdir)
+            else:  # narrow the view to workdir, drop privileges, enter it (isolation.py)
+                isolation.enter(workdir, limits)
+            apply_limits(limits, dry=self._dry)
+            self._workdir = Path(os.getcwd())  # canonical: symbolic links resolved
             os.environ["HOME"] = workdir
             if not self._dry:
                 sys.path.insert(0, workdir)
         except OSError as exc:
             self.stop("error", error=f"SandboxError: cannot enter the work directory: {exc}")
-        global _current
+        global _current, _running
         _current = None if self._dry else self
+        _running = self
+        library.bind(self)
         seconds = 0.0 if self._dry else float(limits["wall_clock_seconds"])
         signal.setitimer(signal.ITIMER_REAL, seconds)
 
@@ -413,8 +486,14 @@ class _Block:
         limit: str | None = None,
         snapshot_data: bytes | None = None,
         dropped: Sequence[str] = (),
+        figures: Sequence[bytes] = (),
     ) -> NoReturn:
-        """Send the ``done`` frame and exit at once: no more code of the block runs."""
+        """Send the ``done`` frame and exit at once: no more code of the block runs.
+
+        The frame's blob is the snapshot then the figures' PNGs (``figures`` gives their sizes).
+        """
+        if os.getpid() != self._pid:
+            os._exit(1)
         self._stopping = True
         signal.setitimer(signal.ITIMER_REAL, 0)
         for stream in (sys.__stdout__, sys.__stderr__):  # what the code wrote around print()
@@ -431,11 +510,12 @@ class _Block:
             "limit": limit,
             "dropped": list(dropped),
             "replayed": self.replayed,
+            "figures": [len(image) for image in figures],
         }
         if self._dry:
             decode_header(encode_frame(header)[8:])
             raise _DryRunStopped
-        write_frame(self._out, header, snapshot_data or b"")
+        write_frame(self._out, header, snapshot_data or b"", figures)
         # Let the parent, woken by that write (often onto this CPU), run before this process
         # spends a millisecond tearing down its address space.
         os.sched_yield()
@@ -555,12 +635,80 @@ class _Block:
         def helper(*args: Any, **kwargs: Any) -> Any:
             return self.call(kind=kind, name=name, params=params, args=args, kwargs=kwargs)
 
-        helper.__name__ = helper.__qualname__ = name
+        helper.__name__ = name.rpartition(".")[2]
+        helper.__qualname__ = name
         if kind == "external":
             helper.__doc__ = f"{name}({', '.join(params)}): a tool run by the caller."
         else:
             helper.__doc__ = f"{name}(...): a helper run by the service."
         return helper
+
+    def call_helper(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Call the parent-side helper ``name`` for a sandbox helper (``library.Host``): e.g.
+        ``llm_call`` for ``BoundFrame.ask``. Journaled like a call the code made itself."""
+        if name not in self._request["helpers"]:
+            raise NameError(f"the {name} helper is not available in this block")
+        return self.call(kind="internal", name=name, params=(), args=args, kwargs=kwargs)
+
+    # Sandbox-side helpers (journaled) ----------------------------------------------------
+
+    def call_local(
+        self, name: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """A sandbox helper with effects: from the journal if one remains, else run here and
+        recorded (a ``record`` frame, in call order with the calls to the parent).
+
+        So when a paused block runs again, a command it ran or a file it wrote before the pause
+        is not run or written twice; a changed call is a divergence, as for any other call. An
+        exception is journaled too (by type name and message) and raised again on replay.
+        """
+        json_args: list[Any] = to_json(args, strict=False)
+        json_kwargs: dict[str, Any] = to_json(kwargs, strict=False) if kwargs else {}
+        digest = call_digest(name=name, args=json_args, kwargs=json_kwargs)
+        # The lock also orders the journal when threads of the code call helpers at once.
+        with self._call_lock:
+            if self.replayed < len(self._journal):
+                entry = self._journal[self.replayed]
+                if entry[0] != name or entry[1] != digest:
+                    self._diverged(entry, name, json_args, json_kwargs, digest)
+                self.replayed += 1
+                return _local_answer(entry)
+            try:
+                value = fn(*args, **kwargs)
+            except MemoryError:
+                raise
+            except Exception as exc:
+                message = _cap_text(str(exc), _ERROR_MESSAGE_BYTES)
+                self._record(name, digest, error=(type(exc).__name__, message))
+                raise
+            try:
+                self._record(name, digest, value=to_json(value, strict=True))
+            except _RecordTooLarge as exc:
+                self._record(name, digest, error=("ValueError", str(exc)))
+                raise ValueError(str(exc)) from None
+            return value
+
+    def _record(
+        self, name: str, digest: str, *, value: Any = None, error: tuple[str, str] | None = None
+    ) -> None:
+        """Tell the parent that a sandbox helper ran (one-way ``record`` frame)."""
+        frame = encode_frame(
+            {
+                "t": "record",
+                "name": name,
+                "digest": digest,
+                "value": value,
+                "error_type": None if error is None else error[0],
+                "error_message": None if error is None else error[1],
+            }
+        )
+        if len(frame) > MAX_RECORD_BYTES:
+            raise _RecordTooLarge(
+                f"{name} returned {len(frame)} bytes of JSON, more than can be journaled "
+                f"({MAX_RECORD_BYTES}); work on smaller pieces"
+            )
+        if not self._dry:
+            write_all(self._out, frame)
 
     def result(self, value: object) -> None:
         """Add ``value`` to the block's results."""
@@ -571,12 +719,16 @@ class _Block:
     def run(self, snapshot_data: bytes) -> NoReturn:
         """Restore the namespace, run the code, snapshot, report: never returns."""
         request = self._request
-        helpers: dict[str, Callable[..., Any]] = {
+        members: dict[str, Callable[..., Any]] = {
             name: self._make_helper(kind="internal", name=name, params=()) for name in request["helpers"]
         }
         for name, params in request["tools"].items():
-            helpers[name] = self._make_helper(kind="external", name=name, params=params)
-        fixed: dict[str, Any] = {**helpers, "result": self.result, "ToolError": ToolError}
+            members[name] = self._make_helper(kind="external", name=name, params=params)
+        members.update(_LOCAL_MEMBERS)
+        visible = _namespace_names(members)
+        # Everything a snapshot stores by name: each helper by its full name, and the groups.
+        helpers: dict[str, object] = {**members, **visible}
+        fixed: dict[str, Any] = {**visible, "result": self.result, "ToolError": ToolError}
         ns = self.namespace
         try:
             dropped: list[str] = []
@@ -601,6 +753,9 @@ class _Block:
                         "calls when it runs again." + (f"\n{error}" if error else "")
                     ),
                 )
+            figures, notes = library.capture_figures()
+            for note in notes:
+                self._capture.add(f"{note}\n".encode())
             data, lost = snapshot.dump(
                 ns,
                 skip=frozenset(fixed),
@@ -620,6 +775,7 @@ class _Block:
             error=error,
             snapshot_data=data,
             dropped=list(dict.fromkeys([*dropped, *lost])),
+            figures=figures,
         )
 
     def _execute(self, compiled: types.CodeType) -> str | None:
@@ -633,7 +789,13 @@ class _Block:
             if exc.code not in (None, 0):
                 return render_traceback(exc, self.source)
         except BaseException as exc:
+            if os.getpid() != self._pid:
+                os._exit(1)  # a fork the code made and did not end
+            if isinstance(exc, BlockingIOError) and isolation.fork_refused():
+                self.stop("limit", limit=limit_label("processes", self._limits))
             return render_traceback(exc, self.source)
+        if os.getpid() != self._pid:
+            os._exit(0)
         return None
 
 
@@ -651,9 +813,49 @@ def _answer(entry: Sequence[Any]) -> Any:
     return entry[2]
 
 
+def _local_answer(entry: Sequence[Any]) -> Any:
+    """The recorded value of a sandbox helper, or its recorded error raised again: as the
+    built-in exception it was (``FileNotFoundError``, ...) when it was one, else as ToolError."""
+    if len(entry) <= 3:
+        return entry[2]
+    error_type, message = str(entry[3]), str(entry[4] or "")
+    cls = getattr(builtins, error_type, None)
+    if isinstance(cls, type) and issubclass(cls, Exception) and cls is not MemoryError:
+        try:
+            error = cls(message)
+        except Exception:  # an exception type that needs other arguments
+            pass
+        else:
+            raise error
+    raise ToolError(message, error_type)
+
+
+def _journaled(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The namespace function of a journaled sandbox helper (``FS.write_file``, ...): runs it
+    through the running block's journal. Made once, in the worker, so a block does not pay for
+    it; saved in a snapshot by name, like every helper."""
+
+    def helper(*args: Any, **kwargs: Any) -> Any:
+        if _running is None:
+            raise RuntimeError(f"{name} is used outside of a block")
+        return _running.call_local(name, fn, args, kwargs)
+
+    functools.update_wrapper(helper, fn)
+    helper.__qualname__ = name
+    return helper
+
+
+# The sandbox helpers as the namespace gets them (before grouping ``FS.*``/``Bash.*``).
+_LOCAL_MEMBERS: Final[Mapping[str, Callable[..., Any]]] = {
+    name: _journaled(name, fn) if name in JOURNALED_SANDBOX_HELPERS else fn
+    for name, fn in library.LOCAL_HELPERS.items()
+}
+
+
 # -- the child's life ----------------------------------------------------------------------
 
-_current: _Block | None = None
+_current: _Block | None = None  # the block limit signals stop (None during the warm-up)
+_running: _Block | None = None  # the block the sandbox helpers act for (the warm-up's too)
 
 
 def _on_limit_signal(signum: int, frame: types.FrameType | None) -> None:
@@ -671,7 +873,8 @@ def f(x):
     return x + 1
 y = f(a)
 z = tool(y, mode="x")
-print(y, z)
+files = FS.list_files()
+print(y, z, files)
 result({"y": y, "z": z})
 1 / 0
 """
@@ -697,7 +900,9 @@ def warm_up() -> None:
     capture = _Capture(redirect=False)
     saved = sys.stdout, sys.stderr, os.environ.get("HOME"), os.getcwd()
     sys.stdout = sys.stderr = _CaptureStream(capture)
+    library.warm()
     digest = call_digest(name="tool", args=[2], kwargs={"mode": "x"})
+    listed = call_digest(name="FS.list_files", args=[], kwargs={})
     limits = {
         "cpu_seconds": 10,
         "memory_mb": 2048,
@@ -718,7 +923,7 @@ def warm_up() -> None:
                 "limits": limits,
                 "helpers": ["helper"],
                 "tools": {"tool": ["x", "mode"]},
-                "journal": [["tool", digest, 3]],
+                "journal": [["tool", digest, 3], ["FS.list_files", listed, ["a.txt"]]],
             }
         )[8:]
     )
@@ -729,6 +934,9 @@ def warm_up() -> None:
         block.run(data)
     except _DryRunStopped:
         pass
+    global _running
+    _running = None
+    library.bind(None)
     sys.stdout, sys.stderr, home, cwd = saved
     if home is None:
         os.environ.pop("HOME", None)

@@ -90,9 +90,14 @@ class BlockOutcome(BaseModel):
     - ``snapshot``: the namespace after the block (also after an error, as in a REPL); None when
       the block hit a limit, was suspended, diverged from its journal or died: keep the old one.
       Opaque bytes, only ever loaded by a later sandbox child.
-    - ``journal``: the replayed entries then the calls answered in this run, in call order.
+    - ``journal``: the replayed entries then the calls answered in this run, in call order,
+      sandbox-side helpers with effects (``FS.*``, ``Bash.execute``) included: a replay returns
+      their recorded values instead of running them again.
     - ``duration_ms``: from the block's start on a worker to its outcome (``on_call`` time
       included, waiting for a free worker not).
+    - ``figures``: PNG images of the matplotlib figures the block left open (then closed), for
+      ``ok`` and ``error`` outcomes: at most 10 of at most 5 MB each, each checked to start with
+      the PNG signature (never decoded by the parent).
     """
 
     status: Literal["ok", "error", "limit", "suspended"]

@@ -9,8 +9,9 @@ unpicklable value is still dropped alone: when the whole dump fails, each variab
 own to find the culprits, and the rest is dumped together.
 
 Functions defined in a block are rebound to the live namespace on load (their globals *are* the
-namespace, not a frozen copy of what they referenced); helper/tool functions are stored by name
-and resolve to the fresh ones of the loading block; modules are stored as names and re-imported.
+namespace, not a frozen copy of what they referenced); helpers, tools and helper groups (``FS``,
+``Search``: whatever the block's ``helpers`` mapping holds) are stored by name and resolve to the
+fresh ones of the loading block; modules are stored as names and re-imported.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ class _Loading:
     """What ``_loading_namespace``/``_helper_ref`` resolve to while a snapshot is loaded."""
 
     namespace: dict[str, Any] | None = None
-    helpers: Mapping[str, Callable[..., Any]] = {}
+    helpers: Mapping[str, object] = {}
 
 
 def _loading_namespace() -> dict[str, Any]:
@@ -76,7 +77,7 @@ def _loading_namespace() -> dict[str, Any]:
     return _Loading.namespace
 
 
-def _helper_ref(name: str) -> Callable[..., Any]:
+def _helper_ref(name: str) -> object:
     helper = _Loading.helpers.get(name)
     if helper is not None:
         return helper
@@ -89,7 +90,12 @@ def _helper_ref(name: str) -> Callable[..., Any]:
 
 
 class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
-    """cloudpickle, plus: block functions keep the namespace as globals, helpers go by name."""
+    """cloudpickle, plus: block functions keep the namespace as globals, helpers go by name.
+
+    A helper is recognised by identity (any object of the block's ``helpers`` mapping: a
+    function, a bound library function, a helper group), so a variable holding one never pickles
+    its internals (the block object behind a proxy, the pipes).
+    """
 
     def __init__(self, file: io.BytesIO, *, namespace: dict[str, Any], helpers: Mapping[int, str]) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
@@ -97,12 +103,11 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
         self._helpers = helpers
 
     def reducer_override(self, obj: Any) -> Any:
-        if type(obj) is types.FunctionType:
-            helper = self._helpers.get(id(obj))
-            if helper is not None:
-                return (_helper_ref, (helper,))
-            if obj.__globals__ is self._namespace:
-                return self._block_function_reduce(obj)
+        helper = self._helpers.get(id(obj))
+        if helper is not None:
+            return (_helper_ref, (helper,))
+        if type(obj) is types.FunctionType and obj.__globals__ is self._namespace:
+            return self._block_function_reduce(obj)
         return super().reducer_override(obj)
 
     def _block_function_reduce(self, func: types.FunctionType) -> Any:
@@ -137,7 +142,7 @@ def dump(
     namespace: dict[str, Any],
     *,
     skip: frozenset[str],
-    helpers: Mapping[str, Callable[..., Any]],
+    helpers: Mapping[str, object],
     max_bytes: int,
 ) -> tuple[bytes, list[str]]:
     """Snapshot a namespace; return (snapshot bytes, names of variables dropped as unpicklable).
@@ -187,7 +192,7 @@ def dump(
     return data, dropped
 
 
-def load(data: bytes, *, namespace: dict[str, Any], helpers: Mapping[str, Callable[..., Any]]) -> list[str]:
+def load(data: bytes, *, namespace: dict[str, Any], helpers: Mapping[str, object]) -> list[str]:
     """Restore a snapshot into ``namespace``; return the names that could not be restored."""
     if not data.startswith(MAGIC):
         raise SnapshotFormatError("not a namespace snapshot of this runtime version")

@@ -6,6 +6,10 @@ waits for its block on the worker's stdin and talks to the parent over the worke
 process group, reports how it ended (an ``exit`` frame) and forks the next. Every block runs in a
 fresh fork, so nothing leaks from one block (or conversation) to the next.
 
+With ``--isolation bwrap`` the worker runs inside bubblewrap and each child narrows its own view
+to its block's directory (``app.runtime.isolation``); after each child the worker also kills
+whatever else runs in its PID namespace.
+
 Started by ``RuntimePool`` with a clean environment; never imports pydantic or asyncio, to keep
 an idle worker small.
 """
@@ -19,10 +23,11 @@ import importlib
 import os
 import signal
 import sys
+import tempfile
 import traceback
 from collections.abc import Sequence
 
-from app.runtime import sandbox
+from app.runtime import isolation, sandbox
 from app.runtime.protocol import EXIT_EOF, write_frame
 
 
@@ -58,6 +63,7 @@ def _serve(*, proto_in: int, proto_out: int, log_fd: int) -> int:
         if pid == 0:
             code = 1
             try:
+                isolation.after_fork()  # still single-threaded: its own namespaces, while idle
                 code = sandbox.serve_one(proto_in=proto_in, proto_out=proto_out)
             except BaseException:
                 # fd 2 of the child is the block's output capture; runtime bugs go to the log.
@@ -66,6 +72,7 @@ def _serve(*, proto_in: int, proto_out: int, log_fd: int) -> int:
                 os._exit(code)
         _, status, usage = os.wait4(pid, 0)
         _kill_group(pid)
+        isolation.reap_leftovers()
         if os.WIFEXITED(status) and os.WEXITSTATUS(status) == EXIT_EOF:
             return 0
         report = {
@@ -85,12 +92,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: preload modules, then serve children forever."""
     parser = argparse.ArgumentParser(prog="python -m app.runtime.worker")
     parser.add_argument("--preload", default="", help="comma-separated modules to import")
+    parser.add_argument("--isolation", choices=("bwrap", "process"), default="process")
+    parser.add_argument("--workspaces", default=None, help="the workspaces directory (bwrap)")
+    parser.add_argument("--identity", default=None, help="uid:gid blocks run as (server is root)")
     options = parser.parse_args(argv)
     proto_in, proto_out = _protocol_fds()
     log_fd = os.dup(2)
+    # First: a worker started as root switches user here (which also clears the parent-death
+    # signal, so that is set after it).
+    isolation.configure_worker(
+        options.isolation,
+        workspaces=options.workspaces,
+        identity=isolation.Identity.parse(options.identity) if options.identity else None,
+    )
     sandbox.die_with_parent()
+    # matplotlib picks its config and cache directory once, at import: this worker's own (its
+    # home may not exist, e.g. nobody's); blocks get the environment without it.
+    config = tempfile.mkdtemp(prefix="matplotlib-")
+    os.chmod(config, 0o755)  # readable by blocks that run as another user (process, as root)
+    os.environ["MPLCONFIGDIR"] = config
     for name in filter(None, options.preload.split(",")):
         importlib.import_module(name)
+    del os.environ["MPLCONFIGDIR"]
     sandbox.warm_up()
     return _serve(proto_in=proto_in, proto_out=proto_out, log_fd=log_fd)
 

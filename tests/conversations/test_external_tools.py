@@ -325,6 +325,8 @@ async def test_bad_results_leave_the_conversation_paused(make_client: AppFactory
         ([{**FIND_USER, "name": "not an identifier"}], "identifier"),
         ([{**FIND_USER, "name": "class"}], "identifier"),
         ([{**FIND_USER, "name": "llm_call"}], "built-in helper"),
+        ([{**FIND_USER, "name": "FS"}], "built-in helper"),
+        ([{**FIND_USER, "name": "Search"}], "built-in helper"),
         (
             [{**FIND_USER, "parameters": {"type": "object", "properties": {"a": {"type": "nope"}}}}],
             "JSON Schema",

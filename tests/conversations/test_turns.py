@@ -261,3 +261,21 @@ async def test_metrics_count_turns_and_blocks(client: httpx.AsyncClient, llm: Sc
     ok_blocks = 'sabre_blocks_total{status="ok"}'
     assert value(after, completed) == value(before, completed) + 1
     assert value(after, ok_blocks) == value(before, ok_blocks) + 1
+
+
+async def test_sabre_call_runs_a_sub_conversation(make_client: AppFactory, llm: ScriptedLLM) -> None:
+    llm.script(
+        block("answer = sabre_call('Add the numbers', [2, 3])\nprint('sub said:', answer)"),
+        block("print(sum([2, 3]))"),  # the sub-task's own block, in its own namespace
+        "5",  # the sub-task's answer
+        "The sum is 5.",
+    )
+    async with make_client(runtime_workers=2) as client:
+        turn = (await create(client, "delegate")).json()
+    assert turn["status"] == "completed", turn
+    assert turn["usage"]["llm_calls"] == 4
+    # The sub-task started from a fresh conversation: only its description and data.
+    sub_first = llm.requests[1]
+    assert "Add the numbers" in sub_first.all_text
+    assert "delegate" not in sub_first.last_user_text
+    assert "<helpers_result>\nsub said: 5\n</helpers_result>" in llm.requests[3].all_text

@@ -43,7 +43,8 @@ PENDING_SIGNATURES = {
     "Web.download_csv": "Web.download_csv(url)",
     "Browser.screenshot": "Browser.screenshot(url)",
 }
-assert set(PENDING_SIGNATURES) == set(PENDING_HELPERS)
+# Every pending helper has a stub signature here; once registered, its own signature is used.
+assert set(PENDING_HELPERS) <= set(PENDING_SIGNATURES)
 
 CSV = "month,revenue,category,value\nJan,100,a,1\nFeb,120,b,2\nMar,90,a,3\n"
 
@@ -59,12 +60,20 @@ class SmartFrame:
         return "Revenue peaks in February."
 
 
-def _search(query: str, num_results: int = 10) -> list[SimpleNamespace]:
+def _search(query: str, num_results: int = 10) -> list[dict[str, str]]:
     assert isinstance(query, str)
     assert query
     return [
-        SimpleNamespace(title=f"Result {i}", url=f"https://example.com/{i}", snippet=f"About {query}")
+        {"title": f"Result {i}", "url": f"https://example.com/{i}", "snippet": f"About {query}"}
         for i in range(num_results)
+    ]
+
+
+def _download(urls: Any) -> list[dict[str, Any]]:
+    items = urls if isinstance(urls, list) else [urls]
+    return [
+        {"url": u["url"] if isinstance(u, dict) else u, "content_type": "text/html", "text": f"Page text {i}"}
+        for i, u in enumerate(items)
     ]
 
 
@@ -83,15 +92,15 @@ HELPER_RETURNS: dict[str, Callable[..., Any]] = {
     "coerce": lambda data, type: data,
     "pandas_bind": SmartFrame,
     "sabre_call": lambda description, expr_list=None: "sub-task answer",
-    "download": lambda urls: ["Page text one", "Page text two"],
+    "download": _download,
     "FS.read_file": lambda path: "def add(a, b):\n    return a - b\n",
     "FS.write_file": lambda path, content: None,
     "FS.list_files": lambda directory=".", pattern="*": ["script.py", "legacy_module.py"],
     "Bash.execute": lambda command: "3 passed in 0.02s",
     "Search.search": _search,
-    "Web.get": lambda url: "<html><body>Hello</body></html>",
+    "Web.get": lambda url, **kw: "# Hello\n\nThe page's readable text.",
     "Web.download_csv": _download_csv,
-    "Browser.screenshot": lambda url: b"\x89PNG",
+    "Browser.screenshot": lambda url, **kw: "screenshot-example.com.png",
 }
 
 
@@ -117,7 +126,8 @@ def _checked(signature: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def helper_namespace() -> dict[str, Any]:
     """A stub for every helper, registered or pending; dotted names become attributes."""
-    signatures = {**PENDING_SIGNATURES, **{name: spec.signature for name, spec in HELPERS.items()}}
+    pending = {name: sig for name, sig in PENDING_SIGNATURES.items() if name in PENDING_HELPERS}
+    signatures = {**pending, **{name: spec.signature for name, spec in HELPERS.items()}}
     namespace: dict[str, Any] = {}
     for name, sig in signatures.items():
         fn = _checked(sig, HELPER_RETURNS.get(name, lambda *a, **k: "stub value"))

@@ -1,23 +1,58 @@
-"""Fixtures of the runtime tests: one real pool of sandbox workers for the whole package."""
+"""Fixtures of the runtime tests: one real pool of sandbox workers per backend for the package.
+
+Every test that takes ``pool`` runs twice, under ``bwrap`` and under ``process``; the bwrap run
+is skipped (saying why) only when bubblewrap cannot run on this machine. ``tmp_path`` is
+overridden: a test's working directory is a fresh conversation directory inside the pool's
+workspaces, as in the service (the bwrap sandbox only sees that directory).
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
 
 from app.runtime import RuntimePool
+from tests.runtime.support import BACKENDS, bwrap_unavailable
 
 # Set in the server's environment while the pool runs: the sandbox must never see them.
 SECRETS = {"OPENAI_API_KEY": "sk-test-secret", "SABRE_DATABASE_URL": "postgresql://secret"}
 
 
-@pytest_asyncio.fixture(scope="package", loop_scope="package")
-async def pool() -> AsyncIterator[RuntimePool]:
+@pytest.fixture(scope="package")
+def workspaces() -> Iterator[Path]:
+    """The workspaces directory of the package's pools (one directory per conversation in it).
+
+    In /var/tmp, like a service's data directory outside /tmp (under bwrap a block gets a /tmp of
+    its own, which would hide it), and not below pytest's private temporary directories.
+    """
+    parent = "/var/tmp" if os.path.isdir("/var/tmp") else None
+    root = Path(tempfile.mkdtemp(prefix="sabre-workspaces-", dir=parent))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def tmp_path(workspaces: Path, request: pytest.FixtureRequest) -> Path:
+    """A fresh conversation directory inside ``workspaces`` (replaces pytest's ``tmp_path``)."""
+    name = "".join(c if c.isalnum() else "-" for c in request.node.name)[:60]
+    return Path(tempfile.mkdtemp(prefix=f"{name}-", dir=workspaces))
+
+
+@pytest_asyncio.fixture(scope="package", loop_scope="package", params=BACKENDS)
+async def pool(request: pytest.FixtureRequest, workspaces: Path) -> AsyncIterator[RuntimePool]:
     """A two-worker pool (numpy, pandas, matplotlib preloaded), started with secrets in env."""
+    backend = request.param
+    if backend == "bwrap" and (why := await bwrap_unavailable(workspaces)) is not None:
+        pytest.skip(f"bubblewrap cannot run here: {why}")
     with pytest.MonkeyPatch.context() as patch:
         for name, value in SECRETS.items():
             patch.setenv(name, value)
-        async with RuntimePool(size=2) as started:
+        async with RuntimePool(size=2, sandbox=backend, workspaces=workspaces) as started:
+            assert started.sandbox == backend
             yield started

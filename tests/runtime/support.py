@@ -1,11 +1,19 @@
-"""Helpers of the runtime tests: a recording ``on_call`` and ``run_block`` with defaults."""
+"""Helpers of the runtime tests: a recording ``on_call``, ``run_block`` with defaults, the
+sandbox backends to test, and host process scans."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import shutil
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+import pytest
+
 from app.runtime import BlockOutcome, CallReply, HelperCall, JournalEntry, Limits, RuntimePool
+from app.runtime.pool import bwrap_problem
 
 
 class Recorder:
@@ -43,3 +51,88 @@ async def run(
         journal=journal,
         on_call=on_call or Recorder(),
     )
+
+
+# -- backends and processes --------------------------------------------------------------------
+
+BACKENDS = ("bwrap", "process")
+_bwrap_problems: dict[Path, str | None] = {}
+
+
+async def bwrap_unavailable(workspaces: Path) -> str | None:
+    """Why bubblewrap cannot run on this machine (None when it can): then the bwrap cases skip.
+
+    When bubblewrap itself runs but the sandbox's set-up inside it fails, that is a bug of the
+    sandbox, not of the machine: the test fails instead of skipping.
+    """
+    if workspaces not in _bwrap_problems:
+        bwrap = shutil.which("bwrap")
+        if bwrap is None:
+            _bwrap_problems[workspaces] = "bwrap is not installed"
+        else:
+            bare = await asyncio.create_subprocess_exec(
+                bwrap,
+                "--unshare-all",
+                "--die-with-parent",
+                "--ro-bind",
+                "/",
+                "/",
+                "/bin/true",
+                stderr=asyncio.subprocess.PIPE,
+            )
+            _, stderr = await bare.communicate()
+            if bare.returncode != 0:
+                _bwrap_problems[workspaces] = stderr.decode(errors="replace").strip() or "bwrap fails"
+            elif (problem := await bwrap_problem(workspaces)) is not None:
+                pytest.fail(f"bubblewrap runs here, but the sandbox's set-up in it fails: {problem}")
+            else:
+                _bwrap_problems[workspaces] = None
+    return _bwrap_problems[workspaces]
+
+
+async def assert_pool_works(pool: RuntimePool, workdir: Path) -> None:
+    """The pool still runs a trivial block (after something hostile)."""
+    outcome = await run(pool, "result(6 * 7)", workdir=workdir)
+    assert outcome.status == "ok", outcome.error
+    assert outcome.results == ["42"]
+
+
+def host_processes_with(marker: str) -> list[int]:
+    """Pids of the host's live processes whose name (``comm``, inherited by forks: set it with
+    ``prctl(PR_SET_NAME)``) or initial environment (inherited by programs the code runs) holds
+    ``marker``. Read as this test's user: root reads them all."""
+    found = []
+    needle = marker.encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/comm", "rb") as comm:
+                named = needle in comm.read()
+            if not named:
+                with open(f"/proc/{entry}/environ", "rb") as environ:
+                    if needle not in environ.read():
+                        continue
+            with open(f"/proc/{entry}/stat") as stat:
+                if stat.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue
+        except OSError:
+            continue
+        found.append(int(entry))
+    return found
+
+
+async def wait_until_gone(marker: str, seconds: float = 10.0) -> list[int]:
+    """Wait for every process carrying ``marker`` to end; returns those left after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        left = host_processes_with(marker)
+        if not left or time.monotonic() > deadline:
+            return left
+        await asyncio.sleep(0.05)
+
+
+def blocks_share_the_server_user(pool: RuntimePool) -> bool:
+    """process backend with a server that is not root: blocks run as the server's own user, so
+    nothing of the same user (its files, its processes, kill -1) is out of their reach."""
+    return pool.sandbox == "process" and pool.sandbox_owner is None
