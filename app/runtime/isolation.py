@@ -15,7 +15,8 @@ Two backends, chosen by ``SABRE_SANDBOX`` (``RuntimePool(sandbox=...)``):
     before any code of the block runs. While idle (``after_fork``, single-threaded) it creates
     its own user, mount and IPC namespaces (privileged inside them, and only there), covers the
     workspaces directory with an empty tmpfs (keeping a directory fd on it), mounts a fresh /tmp
-    and /dev/shm, forbids any further user namespace and empties its capability bounding set.
+    and /dev/shm (each sized to the block's ``file_size_mb``: they are memory), forbids any further
+    user namespace and empties its capability bounding set.
     When its block arrives (``enter``) it opens the conversation's directory through that fd one
     component at a time without following symbolic links, binds it back at its own path, makes
     the cover read-only and drops every capability of every thread. The kernel locks the mounts
@@ -35,9 +36,16 @@ Two backends, chosen by ``SABRE_SANDBOX`` (``RuntimePool(sandbox=...)``):
     warning). Limits, the clean environment and no-new-privileges still apply. When the server
     runs as root, each block switches to the unprivileged identity before its code runs (so it
     cannot read the server's /proc, signal the server or the workers, write system files, or
-    escape RLIMIT_NPROC); otherwise it runs as the server's user, and the server makes itself
-    non-dumpable so that its /proc/<pid>/environ and memory stay unreadable. Not covered by this
-    backend: the network, other conversations' files, and (without root) the server's own files.
+    escape RLIMIT_NPROC); idle children stay root until then, out of reach of other blocks'
+    signals. If that identity cannot reach Python or the workspaces by their paths (Python
+    installed under /root), the worker makes itself a mount namespace in which it can. Otherwise
+    blocks run as the server's user, and the server makes itself non-dumpable so that its
+    /proc/<pid>/environ and memory stay unreadable. Not covered by this backend: the network,
+    other conversations' files, /tmp, processes that leave the block's session, and (without
+    root) the server's own files and kill -1.
+
+Both: ``watch_forks`` tells a block that died of its process limit (``limit: processes N``) from
+one that merely got an EAGAIN.
 
 This module is imported by the worker and the sandbox child: standard library only.
 """

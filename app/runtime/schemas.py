@@ -86,7 +86,8 @@ class BlockOutcome(BaseModel):
     - ``status``: ``ok``; ``error`` (the code raised: ``error`` is its traceback, line-numbered
       against the block; or a ``ReplayDivergenceError``/``SandboxError``); ``limit`` (``limit``
       names it: ``wall_clock 30s``, ``cpu_time 10s``, ``memory 2048MB``, ``file_size 100MB``,
-      ``snapshot_size 50MB``); ``suspended`` (``pending`` is the external call that paused it).
+      ``snapshot_size 50MB``, ``processes 64``); ``suspended`` (``pending`` is the external call
+      that paused it).
     - ``snapshot``: the namespace after the block (also after an error, as in a REPL); None when
       the block hit a limit, was suspended, diverged from its journal or died: keep the old one.
       Opaque bytes, only ever loaded by a later sandbox child.
