@@ -548,8 +548,20 @@ def after_fork() -> None:
         _State.sealable = not any(
             os.path.commonpath([workspaces, top]) == top for top in ("/tmp", "/dev/shm")
         )
+    # The installation may live under /tmp (a checkout there): keep handles on what the fresh
+    # /tmp and /dev/shm would hide, and bind it back read-only on top of them.
+    hidden = [
+        (path, os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
+        for path in _readonly_paths()
+        if any(path.is_relative_to(top) for top in ("/tmp", "/dev/shm"))
+    ]
     _mount("tmpfs", "/tmp", "tmpfs", *private_tmp)
     _mount("tmpfs", "/dev/shm", "tmpfs", *private_tmp)
+    for path, fd in hidden:
+        os.makedirs(path, mode=0o755, exist_ok=True)
+        _mount(f"/proc/self/fd/{fd}", str(path), None, _MS_BIND | _MS_REC)
+        _mount(None, str(path), None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+        os.close(fd)
     _State.tmp_bytes = _DEFAULT_TMP_BYTES
     # This namespace may hold no further user namespace: the code gets no namespace of its own.
     _write("/proc/sys/user/max_user_namespaces", "0")
