@@ -72,6 +72,10 @@ class Settings(BaseSettings):
     block_memory_mb: int = 2048
     block_wall_clock_seconds: float = 30.0
     block_stdout_bytes: int = 32_000
+    block_max_processes: int = Field(default=64, ge=1)
+    block_file_size_mb: int = Field(default=100, ge=1)
+    block_open_files: int = Field(default=256, ge=16)
+    block_snapshot_bytes: int = Field(default=50_000_000, ge=1024)
     # bwrap: bubblewrap namespaces (no network, only the conversation's directory writable);
     # process: plain child processes (a warning at start-up); auto: bwrap when it works here.
     sandbox: Literal["auto", "bwrap", "process"] = "auto"

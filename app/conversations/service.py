@@ -591,6 +591,10 @@ class ConversationService:
             memory_mb=s.block_memory_mb,
             wall_clock_seconds=s.block_wall_clock_seconds,
             stdout_bytes=s.block_stdout_bytes,
+            max_processes=s.block_max_processes,
+            file_size_mb=s.block_file_size_mb,
+            open_files=s.block_open_files,
+            snapshot_bytes=s.block_snapshot_bytes,
         )
         if persona.limits is None:
             return limits

@@ -91,6 +91,10 @@ class Limits(_Strict):
     memory_mb: int | None = Field(default=None, gt=0, le=1_048_576)
     wall_clock_seconds: float | None = Field(default=None, gt=0, le=86_400)
     stdout_bytes: int | None = Field(default=None, gt=0, le=1_073_741_824)
+    max_processes: int | None = Field(default=None, gt=0, le=4096)
+    file_size_mb: int | None = Field(default=None, gt=0, le=1_048_576)
+    open_files: int | None = Field(default=None, gt=0, le=65_536)
+    snapshot_bytes: int | None = Field(default=None, gt=0, le=4_294_967_296)
 
 
 class Network(_Strict):

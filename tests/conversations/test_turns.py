@@ -279,3 +279,17 @@ async def test_sabre_call_runs_a_sub_conversation(make_client: AppFactory, llm: 
     assert "Add the numbers" in sub_first.all_text
     assert "delegate" not in sub_first.last_user_text
     assert "<helpers_result>\nsub said: 5\n</helpers_result>" in llm.requests[3].all_text
+
+
+async def test_persona_file_size_limit(make_client: AppFactory, llm: ScriptedLLM, tmp_path: Path) -> None:
+    personas = tmp_path / "personas"
+    personas.mkdir()
+    (personas / "small.yaml").write_text(
+        "name: small\ndescription: Small files.\nidentity: You write little.\nlimits:\n  file_size_mb: 1\n",
+        encoding="utf-8",
+    )
+    llm.script(block("with open('big.bin', 'wb') as f:\n    f.write(b'x' * 5_000_000)"), "ok")
+    async with make_client(personas_dir=personas) as client:
+        turn = (await create(client, "write", persona="small")).json()
+    assert turn["status"] == "completed", turn
+    assert "limit: file_size 1MB" in llm.requests[1].all_text
