@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -34,6 +35,21 @@ def load_configured_personas(settings: Settings) -> dict[str, Persona]:
         raise PersonaError(
             [PersonaProblem(file=directories[1], message="SABRE_PERSONAS_DIR is not a directory")]
         )
+    return dict(_load_unchanged(directories, _fingerprint(directories)))
+
+
+def _fingerprint(directories: tuple[Path, ...]) -> tuple[tuple[str, int, int], ...]:
+    """Names, times and sizes of the persona files: a new fingerprint means a new load."""
+    files = (path for directory in directories for path in sorted(directory.glob("*.y*ml")))
+    return tuple((str(path), path.stat().st_mtime_ns, path.stat().st_size) for path in files)
+
+
+@functools.lru_cache(maxsize=8)
+def _load_unchanged(
+    directories: tuple[Path, ...], fingerprint: tuple[tuple[str, int, int], ...]
+) -> dict[str, Persona]:
+    """Checking the personas costs ~0.6 s (YAML with line numbers, schema checks): do it once per
+    set of unchanged files per process (each app built in one process, e.g. in tests, reuses it)."""
     return load_personas(*directories)
 
 
