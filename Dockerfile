@@ -14,6 +14,7 @@ RUN apt-get update \
 RUN pip install --no-cache-dir uv
 
 ENV UV_LINK_MODE=copy \
+    UV_COMPILE_BYTECODE=1 \
     UV_PROJECT_ENVIRONMENT=/opt/venv \
     PATH=/opt/venv/bin:$PATH \
     SABRE_HOST=0.0.0.0 \
