@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.helpers.base import HelperContext, HelperError, HelperSpec
+from app.helpers.base import HelperContext, HelperError, HelperSpec, bind_arguments
 
 
 async def helpers(ctx: HelperContext, args: list[Any], kwargs: dict[str, Any]) -> str:
     """Every helper's signature and first doc line, or the full docs of those matching ``term``."""
     from app.helpers import HELPERS  # the registry imports this module
 
-    params = dict(zip(("term",), args, strict=False)) | kwargs
-    term = params.pop("term", None)
-    if params or (term is not None and not isinstance(term, str)):
-        raise HelperError('usage: helpers() or helpers("search term")')
+    usage = 'helpers() or helpers("search term")'
+    term = bind_arguments(usage, args, kwargs, positional=("term",), defaults={"term": None})["term"]
+    if term is not None and not isinstance(term, str):
+        raise HelperError(f"term must be a string; usage: {usage}")
     specs = sorted(HELPERS.values(), key=lambda s: s.name)
     if term:
         needle = term.lower()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from app.helpers.base import HelperContext, HelperError, HelperSpec
+from app.helpers.base import HelperContext, HelperError, HelperSpec, bind_arguments
 from app.llm.base import LLMMessage
 
 SYSTEM = (
@@ -34,10 +34,9 @@ def render_data(data: Any, *, helper: str) -> str:
 
 async def llm_call(ctx: HelperContext, args: list[Any], kwargs: dict[str, Any]) -> str:
     """Run one completion over ``expr_list`` with ``instructions``; returns the model's text."""
-    params = dict(zip(("expr_list", "instructions"), args, strict=False)) | kwargs
-    unknown = set(params) - {"expr_list", "instructions"}
-    if unknown or "instructions" not in params or "expr_list" not in params:
-        raise HelperError("usage: llm_call(expr_list, instructions)")
+    params = bind_arguments(
+        "llm_call(expr_list, instructions)", args, kwargs, positional=("expr_list", "instructions")
+    )
     instructions = params["instructions"]
     if not isinstance(instructions, str) or not instructions.strip():
         raise HelperError("llm_call: instructions must be a non-empty string")
