@@ -64,6 +64,7 @@ RESERVED_NAMES: Final = frozenset({"result", "ToolError", "print"})
 _KILL_GRACE_SECONDS: Final = 0.5
 _START_TIMEOUT_SECONDS: Final = 120.0  # a cold first import of numpy+pandas+matplotlib is slow
 _REARM_TIMEOUT_SECONDS: Final = 30.0
+_CLOSE_TIMEOUT_SECONDS: Final = 10.0
 _MAX_RESPAWN_DELAY: Final = 30.0
 _PROBE_TIMEOUT_SECONDS: Final = 60.0
 # Whether bubblewrap works here, by (bwrap, workspaces, euid): None when it does, else why not.
@@ -187,18 +188,39 @@ class _Worker:
             raise FrameError(f"the sandbox worker closed its pipe (it died): {exc}") from None
 
     def kill(self) -> None:
-        """SIGKILL the child's process group (the code and what it started) and the worker."""
+        """SIGKILL the child's process group (the code and what it started) and the worker.
+
+        Its stdin is closed first: a sandbox that outlives the kill reads EOF and exits, so it
+        cannot hold the stdout pipe open (asyncio's ``wait()`` waits for the pipes to close).
+        """
         self.dead = True
+        with contextlib.suppress(Exception):
+            self._stdin.close()
         if self.proc.returncode is not None:
             return  # reaped already: its pid (and the child's, gone with it) may be reused
+        # bwrap: bubblewrap's own child is the namespace's init; killing it ends every process
+        # of the namespace. Its parent-death signal alone is not enough: bubblewrap killed
+        # just after it started can die before the child arms it (seen: 1 start in 40).
+        targets = _children(self.proc.pid) if self.namespaced else []
         for pgid in (None if self.namespaced else self.child_pid, self.proc.pid):
             if pgid:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pgid, signal.SIGKILL)
+        for pid in targets:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
 
     async def await_ready(self) -> None:
         header, _ = await self.read(max_blob=0)
         self.child_pid = _ReadyFrame.model_validate(header).pid
+
+
+def _children(pid: int) -> list[int]:
+    """Host pids of the children of ``pid`` (an unreaped process: they cannot be reused yet)."""
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except (OSError, ValueError):
+        return []
 
 
 def _exit_failure(frame: _ExitFrame, limits: Limits) -> _BlockFailed:
@@ -309,8 +331,16 @@ class RuntimePool:
         workers = list(self._workers)
         for worker in workers:
             worker.kill()
-        await asyncio.gather(*(w.proc.wait() for w in workers), return_exceptions=True)
-        await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        reaping: list[asyncio.Future[Any]] = [asyncio.ensure_future(w.proc.wait()) for w in workers]
+        background: list[asyncio.Future[Any]] = list(self._tasks)
+        for what, pending in (("workers", reaping), ("tasks", background)):
+            if not pending:
+                continue
+            _, stuck = await asyncio.wait(pending, timeout=_CLOSE_TIMEOUT_SECONDS)
+            for left in stuck:
+                left.cancel()
+            if stuck:
+                log.error("sandbox_pool_close_stuck", what=what, count=len(stuck))
         self._workers.clear()
         self._close_userns()
 
@@ -448,16 +478,26 @@ class RuntimePool:
         if backend == "bwrap":
             assert self._bwrap is not None
             command = self._bwrap_argv(self._bwrap, command)
-        proc = await asyncio.create_subprocess_exec(
-            *command,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            env=worker_env(),
-            cwd=_PROJECT_ROOT,
-            start_new_session=True,  # its own process group, killed as one
-            limit=1 << 20,
-            pass_fds=self._pass_fds() if backend == "bwrap" else (),
+        creating = asyncio.ensure_future(
+            asyncio.create_subprocess_exec(
+                *command,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                env=worker_env(),
+                cwd=_PROJECT_ROOT,
+                start_new_session=True,  # its own process group, killed as one
+                limit=1 << 20,
+                pass_fds=self._pass_fds() if backend == "bwrap" else (),
+            )
         )
+        try:
+            # Shielded: Python 3.11 cancelled inside create_subprocess_exec waits forever for a
+            # process it never watches (the close of the pool would hang on it).
+            proc = await asyncio.shield(creating)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                _Worker(await creating, namespaced=backend == "bwrap").kill()
+            raise
         worker = _Worker(proc, namespaced=backend == "bwrap")
         self._workers.add(worker)
         self._background(self._watch(worker))
@@ -465,14 +505,25 @@ class RuntimePool:
             async with asyncio.timeout(_START_TIMEOUT_SECONDS):
                 await worker.await_ready()
         except BaseException:
+            self._workers.discard(worker)  # the caller retries (or fails): no replacement
             worker.kill()
             raise
         return worker
 
     async def _watch(self, worker: _Worker) -> None:
-        """When a worker exits, for whatever reason, start a replacement."""
+        """When a worker exits on its own (crash, OOM killer), retire and replace it."""
         await worker.proc.wait()
-        worker.dead = True
+        self._retire(worker)
+
+    def _retire(self, worker: _Worker) -> None:
+        """Kill a worker that can no longer serve and start its replacement, once.
+
+        Called where the pool gives up on the worker, not when its process is finally reaped:
+        the pool's size never depends on how long a killed sandbox takes to go away.
+        """
+        worker.kill()
+        if worker not in self._workers:
+            return
         self._workers.discard(worker)
         if not self._closed:
             self._background(self._replace())
@@ -503,7 +554,7 @@ class RuntimePool:
                 await worker.await_ready()
         except (FrameError, ValidationError, TimeoutError) as exc:
             logger.warning("recycling sandbox worker %s: %s", worker.proc.pid, exc)
-            worker.kill()
+            self._retire(worker)
             return
         if not self._closed:
             self._idle.put_nowait(worker)
@@ -563,7 +614,7 @@ class RuntimePool:
         try:
             outcome = await exchange.run(request)
         except _BlockFailed as failed:
-            worker.kill()
+            self._retire(worker)
             return BlockOutcome(
                 status=failed.status,
                 stdout="",
@@ -577,7 +628,7 @@ class RuntimePool:
                 duration_ms=(time.perf_counter() - started) * 1e3,
             )
         except BaseException:
-            worker.kill()
+            self._retire(worker)
             raise
         outcome.duration_ms = (time.perf_counter() - started) * 1e3
         self._background(self._rearm(worker, worker.child_pid))

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from app.runtime import Limits, RuntimePool
-from tests.runtime.support import run, wait_until_gone
+from tests.runtime.support import bwrap_unavailable, run, wait_until_gone
 
 pytestmark = pytest.mark.asyncio(loop_scope="package")
 
@@ -195,3 +195,28 @@ async def test_two_blocks_run_at_once(tmp_path: Path) -> None:
         )
     assert (first.status, second.status) == ("ok", "ok"), (first.error, second.error)
     assert first.results == second.results == ["met"]
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "process"])
+async def test_closing_while_a_replacement_starts_never_hangs(
+    backend: str, workspaces: Path, tmp_path: Path
+) -> None:
+    """The rare CI hang: a block breaks a limit (its worker is retired and a replacement starts),
+    then the service shuts down within milliseconds. bubblewrap killed that early can die before
+    its child arms the parent-death signal; the orphaned sandbox then held the worker's stdout,
+    and ``aclose`` waited for the pipe forever. Each close must now end promptly."""
+    if backend == "bwrap" and (why := await bwrap_unavailable(workspaces)) is not None:
+        pytest.skip(f"bubblewrap cannot run here: {why}")
+    for attempt in range(16):
+        pool = RuntimePool(size=1, preload=(), sandbox=backend, workspaces=workspaces)  # type: ignore[arg-type]
+        await pool.start()
+        try:
+            code = "open('big', 'wb').write(b'x' * (2 << 20))"
+            outcome = await run(pool, code, workdir=tmp_path, limits=Limits(file_size_mb=1))
+            assert outcome.status == "limit", outcome.error
+            await asyncio.sleep(attempt * 0.002)  # 0 to 30 ms into the replacement's start
+        finally:
+            workers = list(pool._workers)  # the retired one is gone; its replacement is here
+            async with asyncio.timeout(15):
+                await pool.aclose()
+        assert all(w.proc.returncode is not None for w in workers), attempt
