@@ -126,17 +126,39 @@ def personas_check(
             show_default=False,
         ),
     ] = None,
+    mcp_servers: Annotated[
+        Path | None,
+        typer.Option(
+            help="The mcp_servers.yaml that mcp:// tools must name a server of (default: what the "
+            "service loads, SABRE_MCP_SERVERS).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run the start-up checks on persona files; print OK or every problem (exit code 1)."""
     from app.personas.loader import check_personas
     from app.personas.service import persona_directories
+    from app.tools.mcp import McpConfigError, load_mcp_servers, unconfigured_references
 
-    targets = tuple(paths) if paths else persona_directories(Settings())
+    settings = Settings()
+    targets = tuple(paths) if paths else persona_directories(settings)
     check = check_personas(*targets, require_default=not paths)
     for problem in check.problems:
         typer.echo(str(problem), err=problem.severity == "error")
-    if check.errors:
-        typer.echo(f"{len(check.errors)} problem(s) in persona files", err=True)
+    # As at start-up: every mcp://server/tool must name a server of mcp_servers.yaml.
+    config = mcp_servers or settings.mcp_servers
+    try:
+        servers = load_mcp_servers(
+            config, required=mcp_servers is not None or "mcp_servers" in settings.model_fields_set
+        )
+    except McpConfigError as exc:
+        mcp_problems = [f"{config}: {exc}"]
+    else:
+        mcp_problems = unconfigured_references(check.personas.values(), servers)
+    for message in mcp_problems:
+        typer.echo(message, err=True)
+    if check.errors or mcp_problems:
+        typer.echo(f"{len(check.errors) + len(mcp_problems)} problem(s) in persona files", err=True)
         raise typer.Exit(code=1)
     names = ", ".join(sorted(check.personas)) or "none"
     typer.echo(f"OK: {len(check.personas)} persona(s): {names}")

@@ -42,8 +42,9 @@ from app.orchestrator.messages import (
 )
 from app.orchestrator.paused import PausedBlock, ResumeBlock
 from app.orchestrator.render import StoredMessage
-from app.personas.models import McpRef, Persona
+from app.personas.models import McpRef, Persona, PythonRef
 from app.personas.prompt import build_prompt
+from app.personas.service import sandbox_tool
 from app.personas.tooldoc import FunctionToolDoc
 from app.runtime import CallReply, Limits
 from app.tools.mcp import McpManager
@@ -563,6 +564,16 @@ class ConversationService:
                     )
                 )
             # -- end of MCP tools --
+            if custom.execution_mode == "internal" and isinstance(ref, PythonRef):
+                registry.register(
+                    make_tool(
+                        name=custom.name,
+                        description=custom.description,
+                        parameters=custom.parameters,
+                        mode="internal",
+                        sandbox=sandbox_tool(custom, ref),
+                    )
+                )
         docs: list[FunctionToolDoc] = []
         for definition in conversation.tools:
             if registry.get(definition["name"]) is not None:

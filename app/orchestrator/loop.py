@@ -166,6 +166,7 @@ class TurnLoop:
                 external_tools={t.name: t.param_names for t in turn.tools.get_external_tools()},
                 journal=block.journal,
                 on_call=lambda call: self._on_call(ctx, turn.tools, call),
+                sandbox_tools=turn.tools.get_sandbox_tools(),
             )
             BLOCKS.labels(status=outcome.status).inc()
             BLOCK_SECONDS.observe(outcome.duration_ms / 1000)

@@ -480,7 +480,10 @@ def _signature_mismatches(fn: ast.FunctionDef | ast.AsyncFunctionDef, schema: Ma
     props = schema.get("properties")
     props = props if isinstance(props, Mapping) else {}
     named = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
-    problems = []
+    problems = [
+        f"argument {a.arg!r} is positional-only; the tool is called with its arguments by name"
+        for a in args.posonlyargs
+    ]
     if args.kwarg is None:
         problems += [
             f"the schema's parameter {p!r} is not an argument of the function"

@@ -6,17 +6,23 @@ import functools
 from collections.abc import Mapping
 from pathlib import Path
 
+import structlog
+
 from app.config import Settings
 from app.helpers import HELPERS
 from app.personas import schemas
 from app.personas.cache import IdentityCache
 from app.personas.loader import SHIPPED_DIR, PersonaError, PersonaProblem, load_personas
-from app.personas.models import CustomTool, Persona
+from app.personas.models import CustomTool, Persona, PythonRef
 from app.personas.prompt import build_prompt, featured
 from app.personas.tokens import count_tokens, tokenizer_name
 from app.personas.tooldoc import signature
+from app.runtime.schemas import SandboxTool
 
+log = structlog.get_logger(__name__)
 _TOKENS: IdentityCache[int] = IdentityCache()
+# The largest implementation file a persona tool may have: its source travels with every block.
+MAX_TOOL_SOURCE_BYTES = 512 * 1024
 
 
 def persona_directories(settings: Settings) -> tuple[Path, ...]:
@@ -51,6 +57,34 @@ def _load_unchanged(
     """Checking the personas costs ~0.6 s (YAML with line numbers, schema checks): do it once per
     set of unchanged files per process (each app built in one process, e.g. in tests, reuses it)."""
     return load_personas(*directories)
+
+
+def sandbox_tool(tool: CustomTool, ref: PythonRef) -> SandboxTool:
+    """A persona's ``file.py::function`` tool as the sandbox runs it, with the file's current
+    source (re-read when the file changes, so an author's edit takes effect on the next turn).
+
+    The loader checked the file at start-up; if it cannot be read now, the tool still exists and
+    raises, saying why, where the code calls it: the turn goes on and the model is told.
+    """
+    path = Path(ref.path)
+    try:
+        stat = path.stat()
+        source = _read_source(str(path), stat.st_mtime_ns, stat.st_size)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        log.warning("persona_tool_unreadable", tool=tool.name, file=str(path), error=str(exc))
+        why = f"the implementation of {tool.name} cannot be read: {exc}"
+        source = f"def {ref.function}(**_):\n    raise RuntimeError({why!r})\n"
+    params = tuple(tool.parameters.get("properties", {}))
+    return SandboxTool(name=tool.name, params=params, file=str(path), function=ref.function, source=source)
+
+
+@functools.lru_cache(maxsize=256)
+def _read_source(path: str, mtime_ns: int, size: int) -> str:
+    """The text of an implementation file, once per version of it (the key holds its stat)."""
+    if size > MAX_TOOL_SOURCE_BYTES:
+        raise ValueError(f"{size} bytes; an implementation file may have {MAX_TOOL_SOURCE_BYTES}")
+    with open(path, encoding="utf-8") as file:
+        return file.read(MAX_TOOL_SOURCE_BYTES + 1)
 
 
 def prompt_tokens(persona: Persona) -> int:

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from app.runtime.pool import RuntimePool
     from app.runtime.protocol import call_digest, decode_header, encode_frame
     from app.runtime.sandbox import ToolError
-    from app.runtime.schemas import BlockOutcome, CallReply, HelperCall, JournalEntry, Limits
+    from app.runtime.schemas import BlockOutcome, CallReply, HelperCall, JournalEntry, Limits, SandboxTool
 
 __all__ = [
     "BlockOutcome",
@@ -22,6 +22,7 @@ __all__ = [
     "JournalEntry",
     "Limits",
     "RuntimePool",
+    "SandboxTool",
     "ToolError",
     "call_digest",
     "decode_header",
@@ -39,6 +40,7 @@ _HOMES = {
     "HelperCall": "app.runtime.schemas",
     "JournalEntry": "app.runtime.schemas",
     "Limits": "app.runtime.schemas",
+    "SandboxTool": "app.runtime.schemas",
 }
 
 

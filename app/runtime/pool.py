@@ -51,7 +51,7 @@ from app.runtime.protocol import (
     encode_frame,
     limit_label,
 )
-from app.runtime.schemas import BlockOutcome, CallReply, HelperCall, JournalEntry, Limits
+from app.runtime.schemas import BlockOutcome, CallReply, HelperCall, JournalEntry, Limits, SandboxTool
 
 logger = logging.getLogger(__name__)
 log = structlog.get_logger(__name__)
@@ -572,17 +572,20 @@ class RuntimePool:
         external_tools: Mapping[str, Sequence[str]],
         journal: Sequence[JournalEntry],
         on_call: OnCall,
+        sandbox_tools: Sequence[SandboxTool] = (),
     ) -> BlockOutcome:
         """Run one block in a fresh sandbox child and return how it ended.
 
         ``journal`` entries are replayed (inside the child, without calling ``on_call``)
         before any call reaches ``on_call``. ``limits.wall_clock_seconds`` counts the child's
         own time: it stops while ``on_call`` runs. An exception from ``on_call`` (or
-        cancellation) kills the block and propagates.
+        cancellation) kills the block and propagates. ``sandbox_tools`` run in the child itself
+        and are journaled there (never reaching ``on_call``).
         """
         if self._closed:
             raise RuntimeError("the runtime pool is closed")
-        _check_names(internal_helpers, external_tools)
+        local = [tool.name for tool in sandbox_tools]
+        _check_names([*internal_helpers, *local], external_tools)
         if not workdir.is_absolute():
             raise ValueError(f"workdir must be an absolute path, not {workdir}")
         workdir = self._block_workdir(workdir)
@@ -596,6 +599,9 @@ class RuntimePool:
                 "helpers": list(internal_helpers),
                 "tools": {name: list(params) for name, params in external_tools.items()},
                 "journal": [_wire_entry(e) for e in journal],
+                "local_tools": [
+                    [t.name, list(t.params), t.file, t.function, t.source] for t in sandbox_tools
+                ],
             },
             snapshot or b"",
         )
@@ -610,6 +616,7 @@ class RuntimePool:
             },
             journal=journal,
             on_call=on_call,
+            local=frozenset(local),
         )
         try:
             outcome = await exchange.run(request)
@@ -748,8 +755,10 @@ class _Exchange:
         names: Mapping[str, Literal["internal", "external"]],
         journal: Sequence[JournalEntry],
         on_call: OnCall,
+        local: frozenset[str] = frozenset(),
     ) -> None:
         self._worker = worker
+        self._local = local  # the block's sandbox tools: journaled by record frames
         self._limits = limits
         self._names = names
         self._replay = journal
@@ -836,7 +845,7 @@ class _Exchange:
 
     def _record(self, frame: _RecordFrame) -> None:
         """Journal a sandbox-side helper the child ran (it reports after the journal replayed)."""
-        if frame.name not in JOURNALED_SANDBOX_HELPERS:
+        if frame.name not in JOURNALED_SANDBOX_HELPERS and frame.name not in self._local:
             raise _BlockFailed("error", f"SandboxError: a record of an unknown helper {frame.name!r}")
         self._replayed = len(self._replay)
         self._live = True

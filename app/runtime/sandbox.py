@@ -724,6 +724,8 @@ class _Block:
         }
         for name, params in request["tools"].items():
             members[name] = self._make_helper(kind="external", name=name, params=params)
+        for name, params, file, function, source in request.get("local_tools", ()):
+            members[name] = _sandbox_tool(name, params=params, file=file, function=function, source=source)
         members.update(_LOCAL_MEMBERS)
         visible = _namespace_names(members)
         # Everything a snapshot stores by name: each helper by its full name, and the groups.
@@ -843,6 +845,76 @@ def _journaled(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     functools.update_wrapper(helper, fn)
     helper.__qualname__ = name
     return helper
+
+
+# Persona tool modules compiled in this child, by (file, source): at most once per block.
+_tool_modules: dict[tuple[str, str], types.ModuleType] = {}
+
+
+def _tool_function(*, file: str, function: str, source: str) -> Callable[..., Any]:
+    """The persona tool's function, from its source compiled here (the sandbox cannot see the
+    persona's files). The module is registered so that objects it defines survive a snapshot:
+    cloudpickle stores them by value."""
+    key = (file, source)
+    module = _tool_modules.get(key)
+    if module is None:
+        stem = "".join(c if c.isalnum() else "_" for c in Path(file).stem)
+        module = types.ModuleType(f"sabre_persona_tools.{stem}_{len(_tool_modules)}")
+        module.__file__ = file
+        sys.modules[module.__name__] = module
+        try:
+            exec(compile(source, file, "exec", dont_inherit=True), module.__dict__)
+        except BaseException:
+            del sys.modules[module.__name__]
+            raise
+        snapshot.pickle_by_value(module)
+        _tool_modules[key] = module
+    fn = getattr(module, function, None)
+    if not callable(fn):
+        raise NameError(f"{Path(file).name} does not define a function {function!r}")
+    return fn  # type: ignore[no-any-return]
+
+
+def _sandbox_tool(
+    name: str, *, params: Sequence[str], file: str, function: str, source: str
+) -> Callable[..., Any]:
+    """The namespace function of a persona's Python tool: arguments bound to the schema's
+    parameter names, run here, journaled (so a paused block replays it rather than running it
+    twice); its result must be JSON, as a journal value and as any tool's result is."""
+
+    def run(**arguments: Any) -> Any:
+        value = _tool_function(file=file, function=function, source=source)(**arguments)
+        if hasattr(value, "__await__"):  # an async def tool
+            import asyncio  # only here: the warm worker does not pay for asyncio
+
+            value = asyncio.run(_awaited(value))
+        try:
+            return to_json(value, strict=True)
+        except TypeError as exc:
+            raise TypeError(
+                f"{name}() returned {type(value).__name__}, which is not JSON ({exc}); a persona "
+                "tool returns dicts, lists, strings, numbers, booleans or None"
+            ) from None
+
+    def tool(*args: Any, **kwargs: Any) -> Any:
+        if _running is None:
+            raise RuntimeError(f"{name} is used outside of a block")
+        if len(args) > len(params):
+            raise TypeError(f"{name}() takes {len(params)} positional arguments but {len(args)} were given")
+        bound = dict(zip(params, args, strict=False))
+        for key, value in kwargs.items():
+            if key in bound:
+                raise TypeError(f"{name}() got multiple values for argument {key!r}")
+            bound[key] = value
+        return _running.call_local(name, run, (), bound)
+
+    tool.__name__ = tool.__qualname__ = name
+    tool.__doc__ = f"{name}({', '.join(params)}): a tool of this persona."
+    return tool
+
+
+async def _awaited(value: Any) -> Any:
+    return await value
 
 
 # The sandbox helpers as the namespace gets them (before grouping ``FS.*``/``Bash.*``).

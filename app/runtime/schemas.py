@@ -24,6 +24,23 @@ class Limits(BaseModel):
     snapshot_bytes: int = Field(default=50_000_000, gt=0)
 
 
+class SandboxTool(BaseModel):
+    """A persona's Python tool (``file.py::function``), run inside the sandbox next to the code.
+
+    The source travels with the block (the sandbox cannot see the persona's files); the child
+    compiles it on the first call, calls ``function`` with the arguments bound to ``params`` (the
+    schema's properties, in order) by name, and journals the JSON result like ``FS`` calls.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    params: tuple[str, ...]
+    file: str  # where the source came from: tracebacks and the module's __file__ name it
+    function: str
+    source: str
+
+
 class HelperCall(BaseModel):
     """A call the block's code made to a parent-side function (internal helper or external tool).
 

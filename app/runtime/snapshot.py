@@ -138,6 +138,12 @@ def _importable_module(value: Any) -> str | None:
     return None
 
 
+def pickle_by_value(module: types.ModuleType) -> None:
+    """Store what ``module`` defines by value (a persona tool's module, compiled in the child:
+    the child that loads the snapshot may not have it)."""
+    cloudpickle.register_pickle_by_value(module)
+
+
 def dump(
     namespace: dict[str, Any],
     *,

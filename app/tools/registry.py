@@ -17,6 +17,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from app.personas.tooldoc import render_tool
+from app.runtime.schemas import SandboxTool
 
 ExecutionMode = Literal["internal", "external"]
 
@@ -38,6 +39,8 @@ class Tool:
     mode: ExecutionMode
     # Internal tools the service runs itself (e.g. MCP tools): called with the call's JSON arguments.
     handler: ToolHandler | None = field(default=None, compare=False, hash=False)
+    # Internal tools that run inside the sandbox, next to the code (a persona's Python function).
+    sandbox: SandboxTool | None = field(default=None, compare=False, hash=False)
     _validator: Draft202012Validator = field(repr=False, compare=False, hash=False, default=None)  # type: ignore[assignment]
 
     @property
@@ -82,6 +85,7 @@ def make_tool(
     mode: ExecutionMode,
     reserved: Iterable[str] = (),
     handler: ToolHandler | None = None,
+    sandbox: SandboxTool | None = None,
 ) -> Tool:
     """Check a tool definition (identifier name, not reserved, valid JSON Schema) and build it."""
     if not name.isidentifier() or keyword.iskeyword(name):
@@ -105,6 +109,7 @@ def make_tool(
         parameters=schema,
         mode=mode,
         handler=handler,
+        sandbox=sandbox,
         _validator=validator,
     )
 
@@ -142,6 +147,10 @@ class ToolRegistry:
     def get_internal_tools(self) -> list[Tool]:
         """The tools the service runs through a handler, in registration order."""
         return [t for t in self._tools.values() if t.mode == "internal" and t.handler is not None]
+
+    def get_sandbox_tools(self) -> list[SandboxTool]:
+        """The tools that run inside the sandbox (persona Python functions), in registration order."""
+        return [t.sandbox for t in self._tools.values() if t.mode == "internal" and t.sandbox is not None]
 
     def get_external_tools(self) -> list[Tool]:
         """The external tools, in registration order."""

@@ -384,6 +384,17 @@ def test_implementation_is_read_not_imported(tmp_path: Path) -> None:
     assert ref.kind == "python"
 
 
+def test_implementation_arguments_must_be_bindable_by_name(tmp_path: Path) -> None:
+    (tmp_path / "risk.py").write_text("def score(user_id, /):\n    return 1\n")
+    extra = (
+        "implementation: risk.py::score\n"
+        "parameters: {type: object, properties: {user_id: {type: string}}, required: [user_id]}\n"
+    )
+    assert only_error(tool_check(tmp_path, mode="internal", extra=extra)).endswith(
+        "risk.py::score: argument 'user_id' is positional-only; the tool is called with its arguments by name"
+    )
+
+
 def test_implementation_relative_to_the_persona_file(tmp_path: Path) -> None:
     user_dir = tmp_path / "user"
     (user_dir / "tools").mkdir(parents=True)
@@ -524,3 +535,34 @@ def test_cli_check_defaults_to_what_the_service_loads(
         "OK: 7 persona(s): coder, data-analyst, default, mine, tau2-airline, tau2-retail, web-researcher"
         in (outcome.output)
     )
+
+
+def test_cli_check_resolves_mcp_tools_against_the_servers_file(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        "tooled",
+        """\
+        identity: x
+        custom_tools:
+          - name: query
+            description: Run a query.
+            execution_mode: internal
+            implementation: mcp://warehouse/query
+        """,
+    )
+    servers = tmp_path.parent / f"{tmp_path.name}-mcp_servers.yaml"  # not among the personas
+    servers.write_text("servers:\n  other:\n    transport: http\n    url: http://127.0.0.1:9/mcp\n")
+    outcome = CliRunner().invoke(cli, ["personas", "check", str(tmp_path), "--mcp-servers", str(servers)])
+    assert outcome.exit_code == 1
+    assert (
+        "persona 'tooled': tool 'query' uses mcp://warehouse/query, but no MCP server 'warehouse' is "
+        "configured in mcp_servers.yaml"
+    ) in outcome.output
+    servers.write_text("servers:\n  warehouse:\n    transport: http\n    url: http://127.0.0.1:9/mcp\n")
+    outcome = CliRunner().invoke(cli, ["personas", "check", str(tmp_path), "--mcp-servers", str(servers)])
+    assert outcome.exit_code == 0, outcome.output
+    missing = CliRunner().invoke(
+        cli, ["personas", "check", str(tmp_path), "--mcp-servers", str(tmp_path / "none.yaml")]
+    )
+    assert missing.exit_code == 1
+    assert "none.yaml" in missing.output

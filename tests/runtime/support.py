@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from app.runtime import BlockOutcome, CallReply, HelperCall, JournalEntry, Limits, RuntimePool
+from app.runtime import BlockOutcome, CallReply, HelperCall, JournalEntry, Limits, RuntimePool, SandboxTool
 from app.runtime.pool import bwrap_problem
 
 
@@ -39,6 +39,7 @@ async def run(
     tools: Mapping[str, Sequence[str]] | None = None,
     journal: Sequence[JournalEntry] = (),
     on_call: Recorder | None = None,
+    sandbox_tools: Sequence[SandboxTool] = (),
 ) -> BlockOutcome:
     """``pool.run_block`` with test defaults."""
     return await pool.run_block(
@@ -50,6 +51,7 @@ async def run(
         external_tools=tools or {},
         journal=journal,
         on_call=on_call or Recorder(),
+        sandbox_tools=sandbox_tools,
     )
 
 
