@@ -6,9 +6,10 @@ Run: ``uv run python bench/service_bench.py [--quick]``.
 What it starts: a fresh PostgreSQL database (``sabre_bench_<hex>``, migrated, dropped at the end), a
 ScriptedLLM inside this process that answers instantly (its replies are chosen by a responder from a
 scenario tag in the conversation's first user message), the SABRE service as a separate process
-(``python -m app.cli serve``, PostgreSQL + Redis, 2 sandbox workers), and the floor of DESIGN §9
-(``bench/floor_app.py``: FastAPI + one PostgreSQL transaction per request) under uvicorn in its own
-process. Nothing is asserted: figures are printed next to their budgets, and the machines are noisy.
+(``python -m app.cli serve``, PostgreSQL + Redis, ``--runtime-workers`` sandbox workers, default 2), and
+the floor of DESIGN §9 (``bench/floor_app.py``: FastAPI + one PostgreSQL transaction per request) under
+uvicorn in its own process. Nothing is asserted: figures are printed next to their budgets, and the
+machines are noisy.
 
 "LLM time" is the ScriptedLLM's own ``time_spent`` during a request; "overhead" is the request's latency
 minus that, i.e. what the service adds. The scripted LLM, the HTTP clients and the servers share the
@@ -743,7 +744,7 @@ async def concurrent_workload(bench: Bench, duration: float) -> None:
 # Main.
 
 
-async def run(quick: bool) -> None:
+async def run(quick: bool, *, runtime_workers: int) -> None:
     n_turns = 30 if quick else 200
     per_k = 5 if quick else 20
     duration = 3.0 if quick else 10.0
@@ -771,7 +772,7 @@ async def run(quick: bool) -> None:
             OPENAI_API_KEY="sk-bench",
             SABRE_LLM_API="chat",
             SABRE_MODEL="scripted-model",
-            SABRE_RUNTIME_WORKERS="2",
+            SABRE_RUNTIME_WORKERS=str(runtime_workers),
             SABRE_DATA_DIR=str(tmpdir / "data"),
             HOME=str(tmpdir),
         )
@@ -825,7 +826,11 @@ async def run(quick: bool) -> None:
                     f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
                 ],
                 ["database", f"`{name}` (fresh; migrated in {migrate_seconds:.2f} s; dropped at the end)"],
-                ["SABRE", "`python -m app.cli serve`, PostgreSQL + Redis, 2 sandbox workers, chat API"],
+                [
+                    "SABRE",
+                    f"`python -m app.cli serve`, PostgreSQL + Redis, {runtime_workers} sandbox workers, "
+                    "chat API",
+                ],
                 ["floor", "`uvicorn bench.floor_app:app`: FastAPI + 1 PG transaction (SQLAlchemy/asyncpg)"],
                 ["model", "ScriptedLLM in the bench process, instant replies"],
                 ["both ready after", f"{ready_seconds:.2f} s"],
@@ -864,8 +869,9 @@ async def run(quick: bool) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="fewer samples and a shorter load test")
+    parser.add_argument("--runtime-workers", type=int, default=2, help="SABRE_RUNTIME_WORKERS of the server")
     args = parser.parse_args()
-    asyncio.run(run(args.quick))
+    asyncio.run(run(args.quick, runtime_workers=args.runtime_workers))
 
 
 if __name__ == "__main__":
