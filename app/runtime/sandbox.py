@@ -1011,12 +1011,14 @@ def warm_up() -> None:
     gc.collect()
 
 
-def serve_one(*, proto_in: int, proto_out: int) -> int:
+def serve_one(*, proto_in: int, proto_out: int, private_fds: Sequence[int] = ()) -> int:
     """Life of one forked child: prepare, say ready, run one block, report. Returns exit code.
 
     ``proto_in``/``proto_out`` are the worker's pipes to the parent; fds 0, 1 and 2 are
     repointed (0 to /dev/null, 1 and 2 to the output capture) so nothing the code starts can
-    write into the protocol by accident.
+    write into the protocol by accident. ``private_fds`` (the worker's log, i.e. the server's
+    stderr) are closed before the block's code runs: the code must not write into the
+    server's logs.
     """
     os.setsid()  # its own process group: killing the group kills what the code started
     die_with_parent()
@@ -1046,6 +1048,9 @@ def serve_one(*, proto_in: int, proto_out: int) -> int:
             break
     if request.get("t") != "run" or request.get("v") != PROTOCOL_VERSION:
         raise RuntimeError(f"sandbox protocol: unexpected request {request.get('t')!r}")
+    for fd in private_fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
     block = _Block(request=request, capture=capture, proto_in=stream, proto_out=proto_out, reserve=reserve)
     block.start()
     block.run(snapshot_data)

@@ -64,10 +64,12 @@ def _serve(*, proto_in: int, proto_out: int, log_fd: int) -> int:
             code = 1
             try:
                 isolation.after_fork()  # still single-threaded: its own namespaces, while idle
-                code = sandbox.serve_one(proto_in=proto_in, proto_out=proto_out)
+                code = sandbox.serve_one(proto_in=proto_in, proto_out=proto_out, private_fds=(log_fd,))
             except BaseException:
-                # fd 2 of the child is the block's output capture; runtime bugs go to the log.
-                os.write(log_fd, traceback.format_exc().encode(errors="replace"))
+                # fd 2 of the child is the block's output capture; runtime bugs go to the log
+                # (which is closed once the block's code may run: then the exit code tells).
+                with contextlib.suppress(OSError):
+                    os.write(log_fd, traceback.format_exc().encode(errors="replace"))
             finally:
                 os._exit(code)
         _, status, usage = os.wait4(pid, 0)

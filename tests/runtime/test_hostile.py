@@ -26,6 +26,7 @@ from tests.runtime.conftest import SECRETS
 from tests.runtime.support import (
     assert_pool_works,
     blocks_share_the_server_user,
+    bwrap_unavailable,
     run,
     wait_until_gone,
 )
@@ -307,3 +308,39 @@ async def test_writing_outside_the_workdir_fails(pool: RuntimePool, tmp_path: Pa
     # Whatever the code did, nothing reached the host's files.
     assert not [path for path in targets if _exists(path)]
     await assert_pool_works(pool, tmp_path)
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "process"])
+async def test_the_code_cannot_write_into_the_servers_logs(
+    backend: str, workspaces: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The worker logs to the server's stderr; a block gets neither that descriptor nor its
+    parent's through /proc, so it cannot forge log lines."""
+    if backend == "bwrap" and (why := await bwrap_unavailable(workspaces)) is not None:
+        pytest.skip(f"bubblewrap cannot run here: {why}")
+    marker = f"FORGED-LOG-LINE-{uuid.uuid4().hex}"
+    code = f"""
+import os
+reached = []
+for fd in range(3, 1024):
+    try:
+        os.write(fd, b"{marker}\\n")
+        reached.append(fd)
+    except OSError:
+        pass
+for pid in (os.getppid(), 1):
+    for fd in (1, 2):
+        try:
+            with open(f"/proc/{{pid}}/fd/{{fd}}", "w") as log:
+                log.write("{marker}\\n")
+            reached.append(f"/proc/{{pid}}/fd/{{fd}}")
+        except OSError:
+            pass
+result(reached)
+"""
+    async with RuntimePool(size=1, preload=(), sandbox=backend, workspaces=workspaces) as own:  # type: ignore[arg-type]
+        if backend == "process" and own.sandbox_owner is None:
+            pytest.skip("blocks run as the server's own user: /proc/<pid>/fd of its processes is theirs too")
+        outcome = await run(own, code, workdir=tmp_path)
+    assert outcome.status in ("ok", "error"), outcome.limit
+    assert marker not in capfd.readouterr().err
