@@ -37,6 +37,10 @@ class Settings(BaseSettings):
 
     data_dir: Path = Field(default_factory=_xdg_data_home)
     database_url: str | None = None
+    # Check each pooled PostgreSQL connection before use (BEGIN; ; ROLLBACK: three round trips per
+    # checkout). Off: a connection lost to a database restart fails its request with a retryable
+    # 503, and the pool drops every connection of that age.
+    database_pre_ping: bool = False
     personas_dir: Path = Field(default_factory=_xdg_personas_dir)
     # A missing default file means no MCP servers; a missing file set explicitly is a start-up error.
     mcp_servers: Path = Field(default_factory=_xdg_mcp_servers)

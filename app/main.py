@@ -53,7 +53,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     if settings.is_sqlite:
         # The embedded store upgrades itself; PostgreSQL is upgraded with `sabre migrate`.
         await migrate.upgrade(settings.effective_database_url)
-    engine = create_engine(settings.effective_database_url)
+    engine = create_engine(settings.effective_database_url, pre_ping=settings.database_pre_ping)
     sessionmaker = create_sessionmaker(engine)
 
     async with sessionmaker() as session:

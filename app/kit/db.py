@@ -57,8 +57,11 @@ class Base(DeclarativeBase):
     }
 
 
-def create_engine(url: str) -> AsyncEngine:
-    """An async engine tuned for the store behind ``url`` (SQLite: WAL + foreign keys)."""
+def create_engine(url: str, *, pre_ping: bool = False) -> AsyncEngine:
+    """An async engine tuned for the store behind ``url`` (SQLite: WAL + foreign keys).
+
+    ``pre_ping`` (PostgreSQL): test every connection at checkout, at three round trips each.
+    """
     if url.startswith("sqlite"):
         engine = create_async_engine(url, connect_args={"timeout": 30})
 
@@ -71,7 +74,7 @@ def create_engine(url: str) -> AsyncEngine:
             cursor.close()
 
         return engine
-    return create_async_engine(url, pool_size=20, max_overflow=10, pool_pre_ping=True)
+    return create_async_engine(url, pool_size=20, max_overflow=10, pool_pre_ping=pre_ping)
 
 
 def create_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:

@@ -9,6 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = structlog.get_logger(__name__)
@@ -114,6 +115,11 @@ class ServiceUnavailable(SabreError):
     title = "Service unavailable"
 
 
+class DatabaseUnavailable(ServiceUnavailable):
+    code = "database_unavailable"
+    title = "Database unavailable"
+
+
 def problem_response(problem: Problem, *, headers: dict[str, str] | None = None) -> JSONResponse:
     """Render a Problem with the problem+json media type."""
     return JSONResponse(
@@ -167,6 +173,19 @@ def install_error_handlers(app: FastAPI) -> None:
             instance=request.url.path,
         )
         return problem_response(problem, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(DBAPIError)
+    async def _database_error(request: Request, exc: DBAPIError) -> JSONResponse:
+        if not (exc.connection_invalidated or isinstance(exc, OperationalError | InterfaceError)):
+            return await _unexpected(request, exc)
+        # A lost connection (database restarted, network cut): the pool has dropped its stale
+        # connections, so the same request can be sent again (an Idempotency-Key makes that safe).
+        log.warning("database_unavailable", path=request.url.path, error=type(exc.orig).__name__)
+        problem = DatabaseUnavailable(
+            "The database connection was lost or refused. Retry the request (with the same "
+            "Idempotency-Key, if it had one)."
+        ).to_problem(instance=request.url.path)
+        return problem_response(problem, headers={"Retry-After": "1"})
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
