@@ -71,6 +71,9 @@ class Settings(BaseSettings):
     max_output_chars: int = Field(default=8_000, ge=100)
 
     runtime_workers: int = Field(default=2, ge=1, le=64)
+    # How long a block paused on an external tool keeps its process for a resume on this replica
+    # (0: never; the resume then replays the block from its snapshot and journal).
+    runtime_park_seconds: float = Field(default=10.0, ge=0, le=600)
     runtime_preload: str = "numpy,pandas,matplotlib"
     block_cpu_seconds: float = 10.0
     block_memory_mb: int = 2048

@@ -85,6 +85,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         preload=settings.preload_modules,
         sandbox=settings.sandbox,
         workspaces=settings.workspaces_dir,
+        park_seconds=settings.runtime_park_seconds,
     )
     await pool.start()
 

@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal
 
@@ -250,6 +251,12 @@ class RuntimePool:
     a warning). ``workspaces``: the directory holding one working directory per conversation;
     bwrap needs it (it is the only writable place a worker sees), and when it is given every
     block's ``workdir`` must lie inside it.
+
+    ``park_seconds`` (0: off): a block that pauses on an external call keeps its process for
+    this long, blocked on the call, while another worker stays free for other blocks (at most
+    ``size - 1`` are parked). A resume of that block on this pool then answers the call in the
+    live process instead of replaying the block in a new one; otherwise (another replica, too
+    late, the pool needs the worker) the process stops as suspended and the resume replays.
     """
 
     def __init__(
@@ -259,6 +266,7 @@ class RuntimePool:
         preload: Sequence[str] = ("numpy", "pandas", "matplotlib"),
         sandbox: SandboxMode = "auto",
         workspaces: Path | None = None,
+        park_seconds: float = 0.0,
     ) -> None:
         if size < 1:
             raise ValueError("a runtime pool needs at least one worker")
@@ -282,11 +290,21 @@ class RuntimePool:
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         self._spawn_error: str | None = None  # why the last replacement failed to start
+        # Blocks paused on an external call whose process waits, alive, for a resume here; by
+        # working directory (one per conversation), oldest first.
+        self._park_seconds = park_seconds
+        self._parked: dict[Path, _Parked] = {}
+        self._rearming = 0  # workers forking their next child: free in a few milliseconds
 
     @property
     def idle_workers(self) -> int:
         """Workers whose child is forked and waiting for a block (for readiness and metrics)."""
         return self._idle.qsize()
+
+    @property
+    def parked_blocks(self) -> int:
+        """Paused blocks whose process waits for a resume here."""
+        return len(self._parked)
 
     @property
     def sandbox(self) -> Backend:
@@ -326,6 +344,7 @@ class RuntimePool:
     async def aclose(self) -> None:
         """Kill every worker (and child); blocks still running end with an error."""
         self._closed = True
+        self._parked.clear()  # their workers are killed with the rest
         for task in list(self._tasks):
             task.cancel()
         workers = list(self._workers)
@@ -543,8 +562,20 @@ class RuntimePool:
                 self._idle.put_nowait(worker)
                 return
 
+    def _start_rearm(self, worker: _Worker) -> None:
+        """After a block: the worker gets its next child in the background (counted at once, so
+        ``_acquire`` knows a worker is about to be free)."""
+        self._rearming += 1
+        self._background(self._rearm(worker, worker.child_pid))
+
     async def _rearm(self, worker: _Worker, child_pid: int | None) -> None:
-        """After a block: see its child exit cleanly and the next child get ready."""
+        """See the block's child exit cleanly and the next child get ready."""
+        try:
+            await self._rearm_once(worker, child_pid)
+        finally:
+            self._rearming -= 1
+
+    async def _rearm_once(self, worker: _Worker, child_pid: int | None) -> None:
         try:
             async with asyncio.timeout(_REARM_TIMEOUT_SECONDS):
                 header, _ = await worker.read(max_blob=0)
@@ -589,37 +620,45 @@ class RuntimePool:
         if not workdir.is_absolute():
             raise ValueError(f"workdir must be an absolute path, not {workdir}")
         workdir = self._block_workdir(workdir)
-        request = encode_frame(
-            {
-                "t": "run",
-                "v": PROTOCOL_VERSION,
-                "code": code,
-                "workdir": str(workdir),
-                "limits": dict(limits),  # flat model: same as model_dump(), a tenth of the cost
-                "helpers": list(internal_helpers),
-                "tools": {name: list(params) for name, params in external_tools.items()},
-                "journal": [_wire_entry(e) for e in journal],
-                "local_tools": [
-                    [t.name, list(t.params), t.file, t.function, t.source] for t in sandbox_tools
-                ],
-            },
-            snapshot or b"",
-        )
-        worker = await self._acquire()
         started = time.perf_counter()
-        exchange = _Exchange(
-            worker=worker,
-            limits=limits,
-            names={
-                **dict.fromkeys(internal_helpers, "internal"),
-                **dict.fromkeys(external_tools, "external"),
-            },
-            journal=journal,
-            on_call=on_call,
-            local=frozenset(local),
-        )
+        parked = self._take_parked(workdir, code=code, limits=limits, journal=journal)
+        if parked is not None:
+            worker, exchange = parked.worker, parked.exchange
+            running = exchange.resume(journal[-1], on_call=on_call)
+        else:
+            request = encode_frame(
+                {
+                    "t": "run",
+                    "v": PROTOCOL_VERSION,
+                    "code": code,
+                    "workdir": str(workdir),
+                    "limits": dict(limits),  # flat model: same as model_dump(), a tenth of the cost
+                    "helpers": list(internal_helpers),
+                    "tools": {name: list(params) for name, params in external_tools.items()},
+                    "journal": [_wire_entry(e) for e in journal],
+                    "local_tools": [
+                        [t.name, list(t.params), t.file, t.function, t.source] for t in sandbox_tools
+                    ],
+                },
+                snapshot or b"",
+            )
+            worker = await self._acquire()
+            started = time.perf_counter()
+            exchange = _Exchange(
+                worker=worker,
+                limits=limits,
+                names={
+                    **dict.fromkeys(internal_helpers, "internal"),
+                    **dict.fromkeys(external_tools, "external"),
+                },
+                journal=journal,
+                on_call=on_call,
+                local=frozenset(local),
+                may_park=self._may_park,
+            )
+            running = exchange.run(request)
         try:
-            outcome = await exchange.run(request)
+            outcome = await running
         except _BlockFailed as failed:
             self._retire(worker)
             return BlockOutcome(
@@ -637,9 +676,79 @@ class RuntimePool:
         except BaseException:
             self._retire(worker)
             raise
+        if outcome is None:  # parked: suspended, with its process kept
+            self._park(workdir, _Parked(worker=worker, exchange=exchange, code=code, limits=limits))
+            return BlockOutcome.model_construct(
+                status="suspended",
+                stdout="",
+                results=[],
+                error=None,
+                limit=None,
+                snapshot=None,
+                dropped=[],
+                journal=exchange.journal,
+                pending=exchange.parked_call,
+                duration_ms=(time.perf_counter() - started) * 1e3,
+                figures=[],
+            )
         outcome.duration_ms = (time.perf_counter() - started) * 1e3
-        self._background(self._rearm(worker, worker.child_pid))
+        self._start_rearm(worker)
         return outcome
+
+    # Parked blocks -------------------------------------------------------------------------
+
+    def _may_park(self) -> bool:
+        """Whether a block that just paused may keep its process: parking is on, and a worker
+        is left for other blocks."""
+        return self._park_seconds > 0 and not self._closed and len(self._parked) < self._size - 1
+
+    def _park(self, workdir: Path, parked: _Parked) -> None:
+        earlier = self._parked.pop(workdir, None)
+        if earlier is not None:  # the conversation paused again elsewhere in between
+            self._background(self._release(earlier))
+        parked.timer = asyncio.ensure_future(self._expire(workdir, parked))
+        self._parked[workdir] = parked
+
+    def _take_parked(
+        self, workdir: Path, *, code: str, limits: Limits, journal: Sequence[JournalEntry]
+    ) -> _Parked | None:
+        """The parked process of this block when ``journal`` is its journal plus the answer to
+        its pending call (anything else: the parked process is released, the block replays)."""
+        parked = self._parked.pop(workdir, None)
+        if parked is None:
+            return None
+        parked.cancel_timer()
+        call = parked.exchange.parked_call
+        before = parked.exchange.journal
+        if (
+            call is not None
+            and parked.code == code
+            and parked.limits == limits
+            and len(journal) == len(before) + 1
+            and all(a.name == b.name and a.digest == b.digest for a, b in zip(before, journal, strict=False))
+            and journal[-1].name == call.name
+            and journal[-1].digest == call.digest()
+        ):
+            return parked
+        self._background(self._release(parked))
+        return None
+
+    async def _expire(self, workdir: Path, parked: _Parked) -> None:
+        await asyncio.sleep(self._park_seconds)
+        if self._parked.get(workdir) is parked:
+            del self._parked[workdir]
+            await self._release(parked)
+
+    async def _release(self, parked: _Parked) -> None:
+        """Let a parked block stop as suspended, then give its worker its next child."""
+        try:
+            await parked.exchange.release()
+        except (_BlockFailed, FrameError, ValidationError) as exc:
+            logger.warning("recycling sandbox worker %s (parked block): %s", parked.worker.proc.pid, exc)
+            self._retire(parked.worker)
+            return
+        self._rearming += 1
+        await self._rearm(parked.worker, parked.worker.child_pid)
 
     def _block_workdir(self, workdir: Path) -> Path:
         """The workdir as the child gets it: resolved, checked to lie inside the workspaces (when
@@ -665,6 +774,13 @@ class RuntimePool:
         cannot start one.
         """
         while True:
+            if self._idle.empty() and self._parked and not self._rearming:
+                # Every other worker is running a block (none is about to be free): the oldest
+                # parked block gives its worker back (it will replay if resumed).
+                oldest = next(iter(self._parked))
+                parked = self._parked.pop(oldest)
+                parked.cancel_timer()
+                self._background(self._release(parked))
             if self._idle.empty():
                 if self._closed:
                     raise RuntimeError("the runtime pool is closed")
@@ -744,6 +860,21 @@ def _check_names(internal: Sequence[str], external: Mapping[str, Sequence[str]])
                 raise ValueError(f"tool {name!r} has an invalid parameter name {param!r}")
 
 
+@dataclass(slots=True)
+class _Parked:
+    """A block paused on an external call whose process is kept, waiting for the answer."""
+
+    worker: _Worker
+    exchange: _Exchange
+    code: str
+    limits: Limits
+    timer: asyncio.Future[None] | None = None
+
+    def cancel_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+
+
 class _Exchange:
     """The conversation with one child about one block: calls in, replies out, then done."""
 
@@ -756,9 +887,13 @@ class _Exchange:
         journal: Sequence[JournalEntry],
         on_call: OnCall,
         local: frozenset[str] = frozenset(),
+        may_park: Callable[[], bool] = lambda: False,
     ) -> None:
         self._worker = worker
         self._local = local  # the block's sandbox tools: journaled by record frames
+        self._may_park = may_park
+        self._parked = False
+        self._remaining = limits.wall_clock_seconds + _KILL_GRACE_SECONDS
         self._limits = limits
         self._names = names
         self._replay = journal
@@ -773,30 +908,75 @@ class _Exchange:
         """Replayed entries, then the calls answered in this run, in call order."""
         return [*self._replay[: self._replayed], *self._new]
 
-    async def run(self, request: bytes) -> BlockOutcome:
-        """Send the block, answer its calls, return its outcome; _BlockFailed if it fails."""
+    async def run(self, request: bytes) -> BlockOutcome | None:
+        """Send the block, answer its calls, return its outcome; _BlockFailed if it fails.
+
+        None: the block called an external tool and is parked (``may_park``): its process waits,
+        alive, for the answer; ``resume`` continues it, ``release`` lets it stop as suspended.
+        """
+        try:
+            await self._worker.send(request)
+        except FrameError as exc:
+            raise _BlockFailed("error", f"SandboxError: {exc}") from None
+        return await self._serve()
+
+    async def resume(self, answer: JournalEntry, *, on_call: OnCall) -> BlockOutcome | None:
+        """Continue a parked block: its pending call answered with ``answer`` (the entry the
+        service journaled for it), later calls going to ``on_call``."""
+        assert self._pending is not None
+        assert self._parked
+        self._on_call = on_call
+        self._parked = False
+        self._pending = None
+        self._new.append(answer)
+        if answer.error_type is None and answer.error_message is None:
+            reply = CallReply(kind="value", value=answer.value)
+        else:
+            reply = CallReply(kind="error", error_type=answer.error_type, error_message=answer.error_message)
+        try:
+            await self._worker.send(_encode_reply(reply))
+        except FrameError as exc:
+            raise _BlockFailed("error", f"SandboxError: {exc}") from None
+        return await self._serve()
+
+    async def release(self) -> None:
+        """Let a parked block stop as suspended (nobody resumed it here in time)."""
+        assert self._parked
+        self._parked = False
+        try:
+            await self._worker.send(_encode_reply(CallReply(kind="suspend")))
+        except FrameError as exc:
+            raise _BlockFailed("error", f"SandboxError: {exc}") from None
+        await self._serve()
+
+    @property
+    def parked_call(self) -> HelperCall | None:
+        """The external call a parked block waits on."""
+        return self._pending if self._parked else None
+
+    async def _serve(self) -> BlockOutcome | None:
         limits = self._limits
         # stdout, results and the error are each capped at stdout_bytes in the child (and JSON
         # may escape a byte into six); a call's arguments may be large on their own.
         max_header = MAX_HEADER_BYTES + 20 * limits.stdout_bytes
         loop = asyncio.get_running_loop()
-        remaining = limits.wall_clock_seconds + _KILL_GRACE_SECONDS
         try:
-            await self._worker.send(request)
             while True:
                 began = loop.time()
                 try:
-                    async with asyncio.timeout(remaining):
+                    async with asyncio.timeout(self._remaining):
                         header, blob = await self._worker.read(
                             max_blob=limits.snapshot_bytes + MAX_FIGURES * MAX_FIGURE_BYTES,
                             max_header=max_header,
                         )
                 except TimeoutError:
                     raise _BlockFailed("limit", limit_label("wall_clock", limits.model_dump())) from None
-                remaining -= loop.time() - began
+                self._remaining -= loop.time() - began
                 match header["t"]:
                     case "call" if self._pending is None:
                         await self._answer(_CallFrame.model_validate(header))
+                        if self._parked:
+                            return None
                     case "record" if self._pending is None:
                         self._record(_RecordFrame.model_validate(header))
                     case "done":
@@ -831,6 +1011,10 @@ class _Exchange:
             data = _encode_reply(reply)
         if reply.kind == "suspend":
             self._pending = call
+            if self._may_park():
+                # The child stays blocked on this call: a resume here answers it directly.
+                self._parked = True
+                return
         else:
             self._new.append(
                 JournalEntry(

@@ -366,3 +366,25 @@ async def test_tools_added_on_a_later_message(client: httpx.AsyncClient, llm: Sc
     ).json()
     assert turn["status"] == "awaiting_tool_results"
     assert turn["pending_tool_calls"][0]["arguments"] == {"order_id": "7"}
+
+
+@pytest.mark.parametrize(("park_seconds", "runs"), [(30.0, 1), (0.0, 2)])
+async def test_resume_continues_the_parked_block_or_replays_it(
+    make_client: AppFactory, llm: ScriptedLLM, park_seconds: float, runs: int
+) -> None:
+    """With a spare worker, the paused block's process waits for the resume and continues (its
+    code ran once); with parking off, the resume replays the block from its start (twice)."""
+    code = (
+        "with open('runs.log', 'a') as log:\n    log.write('run\\n')\n"
+        'order = get_order_details("A1")\n'
+        "print(order['status'], open('runs.log').read().count('run'))"
+    )
+    llm.script(block(code), "Shipped.")
+    async with make_client(runtime_workers=2, runtime_park_seconds=park_seconds) as client:
+        turn = await start(client, "")
+        assert turn["status"] == "awaiting_tool_results"
+        assert client.app.state.pool.parked_blocks == (1 if park_seconds else 0)  # type: ignore[attr-defined]
+        done = await resume(client, turn, output={"status": "shipped"})
+        assert done.status_code == 200, done.text
+        assert done.json()["status"] == "completed"
+    assert f"<helpers_result>\nshipped {runs}\n" in llm.requests[1].all_text

@@ -1,0 +1,122 @@
+"""Parked blocks: a block paused on an external call keeps its process for a while, and a resume on
+the same pool answers the call in that process instead of replaying the block in a new one."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from app.runtime import CallReply, JournalEntry, RuntimePool
+from tests.runtime.support import BACKENDS, Recorder, bwrap_unavailable, run
+
+pytestmark = pytest.mark.asyncio(loop_scope="package")
+
+# The block counts its own runs in a file: a replay runs it (and the count) again, a live resume
+# does not. Python-level state proves the same: `started` is only set in the first run.
+CODE = (
+    "import os, time\n"
+    "with open('runs.log', 'a') as log:\n"
+    "    log.write('run\\n')\n"
+    "started = time.monotonic()\n"
+    "answer = lookup(order_id='A1')\n"
+    "result(answer)\n"
+    "result(open('runs.log').read().count('run'))\n"
+)
+
+
+@pytest_asyncio.fixture(loop_scope="package", params=BACKENDS)
+async def parking(request: pytest.FixtureRequest, workspaces: Path) -> AsyncIterator[RuntimePool]:
+    """A two-worker pool that parks paused blocks for 2 s (no preloads: quick to start)."""
+    if request.param == "bwrap" and (why := await bwrap_unavailable(workspaces)) is not None:
+        pytest.skip(f"bubblewrap cannot run here: {why}")
+    async with RuntimePool(
+        size=2, preload=(), sandbox=request.param, workspaces=workspaces, park_seconds=2.0
+    ) as pool:
+        yield pool
+
+
+def suspend() -> Recorder:
+    return Recorder(lambda call: CallReply(kind="suspend"))
+
+
+async def pause(pool: RuntimePool, workdir: Path) -> list[JournalEntry]:
+    """Run CODE until it pauses on lookup(); the journal a resume sends (with the answer)."""
+    paused = await run(pool, CODE, workdir=workdir, tools={"lookup": ["order_id"]}, on_call=suspend())
+    assert paused.status == "suspended", paused.error
+    assert paused.pending is not None
+    assert paused.pending.arguments == {"order_id": "A1"}
+    answer = JournalEntry.for_call(paused.pending, CallReply(kind="value", value={"status": "shipped"}))
+    return [*paused.journal, answer]
+
+
+async def test_a_resume_continues_the_live_process(parking: RuntimePool, tmp_path: Path) -> None:
+    journal = await pause(parking, tmp_path)
+    assert parking.parked_blocks == 1
+    assert parking.idle_workers == 1  # the other worker still serves new blocks
+    resumed = await run(parking, CODE, workdir=tmp_path, tools={"lookup": ["order_id"]}, journal=journal)
+    assert resumed.status == "ok", resumed.error
+    assert resumed.results == ['{"status": "shipped"}', "1"]  # the block ran once, not twice
+    assert [e.name for e in resumed.journal] == ["lookup"]
+    assert resumed.snapshot is not None
+    assert parking.parked_blocks == 0
+
+
+async def test_an_error_answer_raises_in_the_live_process(parking: RuntimePool, tmp_path: Path) -> None:
+    journal = await pause(parking, tmp_path)
+    failed = JournalEntry(
+        name="lookup", digest=journal[-1].digest, error_type="NotFound", error_message="no order A1"
+    )
+    resumed = await run(
+        parking, CODE, workdir=tmp_path, tools={"lookup": ["order_id"]}, journal=[*journal[:-1], failed]
+    )
+    assert resumed.status == "error"
+    assert resumed.error is not None
+    assert resumed.error.startswith("Traceback (line 5): ToolError: no order A1")
+
+
+async def test_a_different_journal_replays_instead(parking: RuntimePool, tmp_path: Path) -> None:
+    """The parked process only serves the exact resume of its call: another answer to another
+    call (a journal that does not match) makes the block replay, and the parked one is released."""
+    await pause(parking, tmp_path)
+    other = JournalEntry(name="lookup", digest="0" * 64, value="x")
+    replayed = await run(parking, CODE, workdir=tmp_path, tools={"lookup": ["order_id"]}, journal=[other])
+    assert replayed.status == "error"
+    assert replayed.error is not None
+    assert "ReplayDivergenceError" in replayed.error
+    assert parking.parked_blocks == 0
+
+
+async def test_a_parked_block_is_released_when_nobody_resumes_it(
+    parking: RuntimePool, tmp_path: Path
+) -> None:
+    journal = await pause(parking, tmp_path)
+    await asyncio.sleep(2.5)  # past park_seconds: the process stopped as suspended
+    assert parking.parked_blocks == 0
+    for _ in range(50):
+        if parking.idle_workers == 2:
+            break
+        await asyncio.sleep(0.1)
+    assert parking.idle_workers == 2
+    replayed = await run(parking, CODE, workdir=tmp_path, tools={"lookup": ["order_id"]}, journal=journal)
+    assert replayed.status == "ok", replayed.error
+    assert replayed.results == ['{"status": "shipped"}', "2"]  # replayed: the block's code ran again
+
+
+async def test_parking_never_takes_the_last_worker(parking: RuntimePool, workspaces: Path) -> None:
+    """At most size - 1 blocks park; a block that needs a worker while all are parked or busy
+    takes the oldest parked one back (that block will replay)."""
+    first, second = (Path(tempfile.mkdtemp(prefix="park-", dir=workspaces)) for _ in range(2))
+    journal_a = await pause(parking, first)
+    journal_b = await pause(parking, second)  # the second pause cannot park: one worker is kept
+    assert parking.parked_blocks == 1
+    done = await run(parking, "result(1)", workdir=second)
+    assert done.results == ["1"]
+    a = await run(parking, CODE, workdir=first, tools={"lookup": ["order_id"]}, journal=journal_a)
+    b = await run(parking, CODE, workdir=second, tools={"lookup": ["order_id"]}, journal=journal_b)
+    assert a.results[-1] == "1"  # live
+    assert b.results[-1] == "2"  # replayed
