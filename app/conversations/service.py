@@ -287,7 +287,8 @@ class ConversationService:
             )
             journal.append(pending.answered(reply))
             parts.append(ToolResultPart(tool_call_id=pending.id, output=result.output, error=result.error))
-        conversation.paused = None
+        # The paused record stays stored until the turn's outcome replaces it (in _persist): a
+        # server that dies during the resume leaves the conversation resumable, not wedged.
         return await self._run_turn(
             conversation,
             turn_id=new_id("turn"),

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from sqlalchemy import JSON, DateTime, Dialect, MetaData, TypeDecorator, event
+from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     AsyncSession,
@@ -74,7 +75,18 @@ def create_engine(url: str, *, pre_ping: bool = False) -> AsyncEngine:
             cursor.close()
 
         return engine
-    return create_async_engine(url, pool_size=20, max_overflow=10, pool_pre_ping=pre_ping)
+    engine = create_async_engine(url, pool_size=20, max_overflow=10, pool_pre_ping=pre_ping)
+
+    @event.listens_for(engine.sync_engine, "checkout")
+    def _drop_closed(_dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        # Free (no round trip): a connection the server ended (restart, idle timeout, terminate)
+        # is closed on our side too once asyncpg has read the server's goodbye; the pool then
+        # takes another. A connection lost silently still fails its request (503, retryable).
+        driver = record.driver_connection
+        if driver is not None and driver.is_closed():
+            raise DisconnectionError("the server closed this pooled connection")
+
+    return engine
 
 
 def create_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:

@@ -3,14 +3,16 @@ that meets it gets a retryable 503, the next one is served, and nothing earlier 
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import asyncpg
 import pytest
+from sqlalchemy.exc import DBAPIError
 
-from app.llm.scripted import ScriptedLLM
+from app.llm.scripted import RecordedRequest, ScriptedLLM
 from tests.conftest import AppFactory
-from tests.conversations.test_external_tools import block
+from tests.conversations.test_external_tools import GET_ORDER, block
 
 
 async def _terminate_connections(database_url: str) -> int:
@@ -27,9 +29,11 @@ async def _terminate_connections(database_url: str) -> int:
     return len(killed)
 
 
-async def test_a_lost_connection_is_a_retryable_503(
+async def test_connections_the_database_ended_cost_no_request(
     make_client: AppFactory, llm: ScriptedLLM, store: dict[str, str | None]
 ) -> None:
+    """A database restart ends every pooled connection: the pool notices at checkout (for free,
+    without a ping) and takes a new one, so no request fails."""
     database_url = store["database_url"]
     assert database_url is not None
     if database_url.startswith("sqlite"):
@@ -40,16 +44,72 @@ async def test_a_lost_connection_is_a_retryable_503(
         assert created.status_code == 201, created.text
         conversation = created.json()["conversation_id"]
         assert await _terminate_connections(database_url) >= 1  # the app's pooled connection
+        await asyncio.sleep(0.05)  # the server's goodbye reaches the pooled connection
 
-        lost = await client.post(f"/v1/conversations/{conversation}/messages", json={"input": "three?"})
-        assert lost.status_code == 503, lost.text
-        assert lost.headers["content-type"] == "application/problem+json"
-        assert lost.headers["retry-after"] == "1"
-        assert lost.json()["code"] == "database_unavailable"
-
-        retried = await client.post(f"/v1/conversations/{conversation}/messages", json={"input": "three?"})
-        assert retried.status_code == 200, retried.text
-        assert retried.json()["output"] == "six"
+        next_turn = await client.post(f"/v1/conversations/{conversation}/messages", json={"input": "three?"})
+        assert next_turn.status_code == 200, next_turn.text
+        assert next_turn.json()["output"] == "six"
         messages = (await client.get(f"/v1/conversations/{conversation}/messages")).json()["data"]
     texts = [p.get("text") for m in messages for p in m["parts"] if p["kind"] == "text"]
     assert texts == ["two and two?", "four", "three?", "six"]
+
+
+async def test_a_lost_connection_is_a_retryable_503(make_client: AppFactory) -> None:
+    """A connection lost in the middle of a request (nothing to notice at checkout) fails that
+    request with a problem+json 503 and Retry-After, which clients retry."""
+
+    async def lost() -> None:
+        reset = ConnectionResetError("connection reset")
+        raise DBAPIError("SELECT 1", {}, reset, connection_invalidated=True)
+
+    async def bug() -> None:
+        raise DBAPIError("SELECT 1", {}, ValueError("a bug of ours"))
+
+    async with make_client() as client:
+        client.app.add_api_route("/test/lost", lost)  # type: ignore[attr-defined]
+        client.app.add_api_route("/test/bug", bug)  # type: ignore[attr-defined]
+        response = await client.get("/test/lost")
+        other = await client.get("/test/bug")
+    assert response.status_code == 503
+    assert response.headers["content-type"] == "application/problem+json"
+    assert response.headers["retry-after"] == "1"
+    assert response.json()["code"] == "database_unavailable"
+    assert other.status_code == 500  # not every database error is an outage
+    assert other.json()["code"] == "internal_error"
+
+
+async def test_a_resume_survives_the_database_ending_connections_midway(
+    make_client: AppFactory, store: dict[str, str | None]
+) -> None:
+    """The database ends the app's connections while a resume's turn runs (after the block,
+    during the model call): the turn is stored on a new connection, and the paused block was
+    never dropped before its outcome replaced it."""
+    database_url = store["database_url"]
+    assert database_url is not None
+    if database_url.startswith("sqlite"):
+        pytest.skip("an embedded SQLite file has no connection to lose")
+    cuts: list[int] = []
+
+    def respond(request: RecordedRequest) -> str:
+        if "<helpers_result>" not in request.last_user_text:
+            return block('order = get_order_details("A1")\nprint(order)')
+        cuts.append(asyncio.run(_terminate_connections(database_url)))
+        return "Shipped."
+
+    with ScriptedLLM(responder=respond) as llm:
+        async with make_client(openai_base_url=llm.base_url) as client:
+            body = {"input": "where is A1?", "tools": [GET_ORDER]}
+            created = await client.post("/v1/conversations", json=body)
+            turn = created.json()
+            assert turn["status"] == "awaiting_tool_results", turn
+            call = turn["pending_tool_calls"][0]
+            url = f"/v1/conversations/{turn['conversation_id']}/tool-results"
+            results = {"results": [{"tool_call_id": call["id"], "output": "shipped"}]}
+            done = await client.post(url, json=results)
+            assert done.status_code == 200, done.text
+            assert done.json()["output"] == "Shipped."
+            state = (await client.get(f"/v1/conversations/{turn['conversation_id']}")).json()
+    assert len(cuts) == 1
+    assert cuts[0] >= 1
+    assert state["status"] == "idle"
+    assert state["pending_tool_calls"] == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.llm.scripted import ScriptedLLM
+from app.llm.scripted import Reply, ScriptedLLM
 from tests.conversations.test_external_tools import GET_ORDER, block
 
 
@@ -25,14 +26,17 @@ def _free_port() -> int:
 
 
 @contextmanager
-def _server(env: dict[str, str]) -> Iterator[str]:
+def _server(env: dict[str, str], processes: list[subprocess.Popen[bytes]] | None = None) -> Iterator[str]:
     port = _free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "app.cli", "serve", "--port", str(port)],
         env=env,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
+    if processes is not None:
+        processes.append(process)
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -57,7 +61,11 @@ async def _ready(url: str) -> None:
 
 @pytest.fixture
 async def two_servers(
-    postgres_url: str, redis_url: str, llm: ScriptedLLM, tmp_path: Path
+    postgres_url: str,
+    redis_url: str,
+    llm: ScriptedLLM,
+    tmp_path: Path,
+    servers: list[subprocess.Popen[bytes]],
 ) -> AsyncIterator[tuple[str, str]]:
     env = {
         "PATH": os.environ["PATH"],
@@ -71,10 +79,17 @@ async def two_servers(
         "SABRE_MODEL": "scripted-model",
         "SABRE_RUNTIME_WORKERS": "1",
         "SABRE_RUNTIME_PRELOAD": "",
+        "SABRE_LOCK_LEASE_SECONDS": "2",  # a killed server's lock lapses quickly
     }
-    with _server(env) as a, _server(env) as b:
+    with _server(env, servers) as a, _server(env, servers) as b:
         await asyncio.gather(_ready(a), _ready(b))
         yield a, b
+
+
+@pytest.fixture
+def servers() -> list[subprocess.Popen[bytes]]:
+    """The processes of ``two_servers``, A then B (a test may kill one)."""
+    return []
 
 
 async def test_create_on_a_resume_on_b_resume_on_a(two_servers: tuple[str, str], llm: ScriptedLLM) -> None:
@@ -110,3 +125,42 @@ async def test_create_on_a_resume_on_b_resume_on_a(two_servers: tuple[str, str],
         state = (await client.get(f"{a}/v1/conversations/{conv}")).json()
         assert state["version"] == 4
         assert state["status"] == "idle"
+
+
+async def test_a_server_killed_during_a_resume_leaves_the_conversation_resumable(
+    two_servers: tuple[str, str], servers: list[subprocess.Popen[bytes]], llm: ScriptedLLM
+) -> None:
+    """A dies (SIGKILL) while its resume waits for the model: nothing of that turn is stored, the
+    paused block is still there, and the same results sent to B complete the turn."""
+    a, b = two_servers
+    llm.script(
+        block('order = get_order_details("A1")\nprint(order)'),
+        Reply(text="never delivered", delay=6),
+        "Shipped.",
+    )
+    async with httpx.AsyncClient(timeout=60) as client:
+        body = {"input": "where is A1?", "tools": [GET_ORDER]}
+        created = await client.post(f"{a}/v1/conversations", json=body)
+        turn = created.json()
+        assert turn["status"] == "awaiting_tool_results", turn
+        call = turn["pending_tool_calls"][0]
+        path = f"/v1/conversations/{turn['conversation_id']}"
+        results = {"results": [{"tool_call_id": call["id"], "output": "shipped"}]}
+        dying = asyncio.ensure_future(client.post(f"{a}{path}/tool-results", json=results))
+        for _ in range(100):  # until A's resume is waiting for the model
+            if len(llm.requests) == 2:
+                break
+            await asyncio.sleep(0.05)
+        os.killpg(servers[0].pid, signal.SIGKILL)
+        with pytest.raises(httpx.TransportError):
+            await dying
+        for _ in range(100):  # "running" until the dead A's lock lease runs out
+            state = (await client.get(f"{b}{path}")).json()
+            if state["status"] != "running":
+                break
+            await asyncio.sleep(0.1)
+        assert state["status"] == "awaiting_tool_results", state
+        assert [c["id"] for c in state["pending_tool_calls"]] == [call["id"]]
+        done = await client.post(f"{b}{path}/tool-results", json=results)
+    assert done.status_code == 200, done.text
+    assert done.json()["output"] == "Shipped."
