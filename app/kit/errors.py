@@ -115,6 +115,11 @@ class ServiceUnavailable(SabreError):
     title = "Service unavailable"
 
 
+def _connection_lost(exc: DBAPIError) -> bool:
+    """Whether a database error means the connection (or the server) went away."""
+    return exc.connection_invalidated or isinstance(exc, OperationalError | InterfaceError)
+
+
 class DatabaseUnavailable(ServiceUnavailable):
     code = "database_unavailable"
     title = "Database unavailable"
@@ -176,7 +181,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(DBAPIError)
     async def _database_error(request: Request, exc: DBAPIError) -> JSONResponse:
-        if not (exc.connection_invalidated or isinstance(exc, OperationalError | InterfaceError)):
+        if not _connection_lost(exc):
             return await _unexpected(request, exc)
         # A lost connection (database restarted, network cut): the pool has dropped its stale
         # connections, so the same request can be sent again (an Idempotency-Key makes that safe).
@@ -189,6 +194,13 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # A lost connection can surface as the error of the cleanup it broke (a rollback that
+        # cannot run): it is the cause that tells.
+        cause = exc.__cause__ or exc.__context__
+        while cause is not None and not isinstance(exc, DBAPIError):
+            if isinstance(cause, DBAPIError) and _connection_lost(cause):
+                return await _database_error(request, cause)
+            cause = cause.__cause__ or cause.__context__
         log.exception("unhandled_error", path=request.url.path)
         problem = SabreError("An unexpected error occurred; it has been logged.").to_problem(
             instance=request.url.path
