@@ -480,10 +480,12 @@ class RuntimePool:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
-    def _background(self, coro: Awaitable[None]) -> None:
+    def _background(self, coro: Awaitable[None]) -> asyncio.Task[None]:
+        """Run ``coro`` as a task the pool owns (``aclose`` cancels what is left)."""
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _spawn(self) -> _Worker:
         """Start one worker process and wait for its first idle child."""
@@ -706,7 +708,7 @@ class RuntimePool:
         earlier = self._parked.pop(workdir, None)
         if earlier is not None:  # the conversation paused again elsewhere in between
             self._background(self._release(earlier))
-        parked.timer = asyncio.ensure_future(self._expire(workdir, parked))
+        parked.timer = self._background(self._expire(workdir, parked))
         self._parked[workdir] = parked
 
     def _take_parked(
