@@ -543,38 +543,25 @@ class ConversationService:
         registry = ToolRegistry()
         warnings: list[str] = []
         for custom in persona.custom_tools:
-            if custom.execution_mode == "external":
-                registry.register(
-                    make_tool(
-                        name=custom.name,
-                        description=custom.description,
-                        parameters=custom.parameters,
-                        mode="external",
-                    )
-                )
-            # -- MCP tools: run by the service through the app's McpManager (app/tools/mcp.py) --
+            # External: the caller runs it. MCP: the app's McpManager runs it (app/tools/mcp.py).
+            # Python: the sandbox runs it next to the code.
             ref = custom.ref
-            if custom.execution_mode == "internal" and isinstance(ref, McpRef) and self.mcp is not None:
-                registry.register(
-                    make_tool(
-                        name=custom.name,
-                        description=custom.description,
-                        parameters=custom.parameters,
-                        mode="internal",
-                        handler=self.mcp.handler(ref.server, ref.tool),
-                    )
+            handler = None
+            if isinstance(ref, McpRef):
+                if self.mcp is None:
+                    continue  # a service built without MCP (the app always has a manager)
+                handler = self.mcp.handler(ref.server, ref.tool)
+            sandbox = sandbox_tool(custom, ref) if isinstance(ref, PythonRef) else None
+            registry.register(
+                make_tool(
+                    name=custom.name,
+                    description=custom.description,
+                    parameters=custom.parameters,
+                    mode=custom.execution_mode,
+                    handler=handler,
+                    sandbox=sandbox,
                 )
-            # -- end of MCP tools --
-            if custom.execution_mode == "internal" and isinstance(ref, PythonRef):
-                registry.register(
-                    make_tool(
-                        name=custom.name,
-                        description=custom.description,
-                        parameters=custom.parameters,
-                        mode="internal",
-                        sandbox=sandbox_tool(custom, ref),
-                    )
-                )
+            )
         docs: list[FunctionToolDoc] = []
         for definition in conversation.tools:
             if registry.get(definition["name"]) is not None:

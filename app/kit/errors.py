@@ -115,9 +115,20 @@ class ServiceUnavailable(SabreError):
     title = "Service unavailable"
 
 
-def _connection_lost(exc: DBAPIError) -> bool:
-    """Whether a database error means the connection (or the server) went away."""
-    return exc.connection_invalidated or isinstance(exc, OperationalError | InterfaceError)
+def _lost_connection(exc: BaseException) -> DBAPIError | None:
+    """The database error in ``exc`` or its causes that says the connection (or the server) went
+    away. A lost connection can surface as the failure of the cleanup it broke (a rollback that
+    cannot run): then it is a cause that tells."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, DBAPIError) and (
+            current.connection_invalidated or isinstance(current, OperationalError | InterfaceError)
+        ):
+            return current
+        current = current.__cause__ or current.__context__
+    return None
 
 
 class DatabaseUnavailable(ServiceUnavailable):
@@ -181,7 +192,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(DBAPIError)
     async def _database_error(request: Request, exc: DBAPIError) -> JSONResponse:
-        if not _connection_lost(exc):
+        if _lost_connection(exc) is None:
             return await _unexpected(request, exc)
         # A lost connection (database restarted, network cut): the pool has dropped its stale
         # connections, so the same request can be sent again (an Idempotency-Key makes that safe).
@@ -194,13 +205,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        # A lost connection can surface as the error of the cleanup it broke (a rollback that
-        # cannot run): it is the cause that tells.
-        cause = exc.__cause__ or exc.__context__
-        while cause is not None and not isinstance(exc, DBAPIError):
-            if isinstance(cause, DBAPIError) and _connection_lost(cause):
-                return await _database_error(request, cause)
-            cause = cause.__cause__ or cause.__context__
+        lost = None if isinstance(exc, DBAPIError) else _lost_connection(exc)
+        if lost is not None:
+            return await _database_error(request, lost)
         log.exception("unhandled_error", path=request.url.path)
         problem = SabreError("An unexpected error occurred; it has been logged.").to_problem(
             instance=request.url.path

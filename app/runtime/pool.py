@@ -745,7 +745,7 @@ class RuntimePool:
         """Let a parked block stop as suspended, then give its worker its next child."""
         try:
             await parked.exchange.release()
-        except (_BlockFailed, FrameError, ValidationError) as exc:
+        except _BlockFailed as exc:
             logger.warning("recycling sandbox worker %s (parked block): %s", parked.worker.proc.pid, exc)
             self._retire(parked.worker)
             return
@@ -916,10 +916,7 @@ class _Exchange:
         None: the block called an external tool and is parked (``may_park``): its process waits,
         alive, for the answer; ``resume`` continues it, ``release`` lets it stop as suspended.
         """
-        try:
-            await self._worker.send(request)
-        except FrameError as exc:
-            raise _BlockFailed("error", f"SandboxError: {exc}") from None
+        await self._send(request)
         return await self._serve()
 
     async def resume(self, answer: JournalEntry, *, on_call: OnCall) -> BlockOutcome | None:
@@ -935,21 +932,21 @@ class _Exchange:
             reply = CallReply(kind="value", value=answer.value)
         else:
             reply = CallReply(kind="error", error_type=answer.error_type, error_message=answer.error_message)
-        try:
-            await self._worker.send(_encode_reply(reply))
-        except FrameError as exc:
-            raise _BlockFailed("error", f"SandboxError: {exc}") from None
+        await self._send(_encode_reply(reply))
         return await self._serve()
 
     async def release(self) -> None:
         """Let a parked block stop as suspended (nobody resumed it here in time)."""
         assert self._parked
         self._parked = False
+        await self._send(_encode_reply(CallReply(kind="suspend")))
+        await self._serve()
+
+    async def _send(self, data: bytes) -> None:
         try:
-            await self._worker.send(_encode_reply(CallReply(kind="suspend")))
+            await self._worker.send(data)
         except FrameError as exc:
             raise _BlockFailed("error", f"SandboxError: {exc}") from None
-        await self._serve()
 
     @property
     def parked_call(self) -> HelperCall | None:

@@ -119,6 +119,21 @@ def canonical_json(value: Any) -> str:
     return _CANONICAL.encode(value)
 
 
+def bind_params(
+    name: str, params: Sequence[str], args: Sequence[Any], kwargs: Mapping[str, Any]
+) -> dict[str, Any]:
+    """A tool call's arguments by parameter name: positional ones in ``params`` order, then the
+    keywords; TypeError (as Python words it) for too many or a doubled argument."""
+    if len(args) > len(params):
+        raise TypeError(f"{name}() takes {len(params)} positional arguments but {len(args)} were given")
+    bound = dict(zip(params, args, strict=False))
+    for key, value in kwargs.items():
+        if key in bound:
+            raise TypeError(f"{name}() got multiple values for argument {key!r}")
+        bound[key] = value
+    return bound
+
+
 def call_digest(*, name: str, args: Any, kwargs: Any) -> str:
     """The journal digest of a call: sha256 of the canonical JSON of [name, args, kwargs].
 

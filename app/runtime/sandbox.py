@@ -43,6 +43,7 @@ from app.runtime.protocol import (
     MAX_RECORD_BYTES,
     PROTOCOL_VERSION,
     LimitKind,
+    bind_params,
     call_digest,
     decode_header,
     encode_frame,
@@ -562,14 +563,7 @@ class _Block:
             json_kwargs: dict[str, Any] = to_json(kwargs, strict=strict) if kwargs else {}
         except TypeError as exc:
             raise TypeError(f"{name}(): {exc}") from None
-        if strict:
-            if len(json_args) > len(params):
-                raise TypeError(
-                    f"{name}() takes {len(params)} positional arguments but {len(json_args)} were given"
-                )
-            for key in json_kwargs:
-                if key in params[: len(json_args)]:
-                    raise TypeError(f"{name}() got multiple values for argument {key!r}")
+        arguments = bind_params(name, params, json_args, json_kwargs) if strict else {}
         digest = call_digest(name=name, args=json_args, kwargs=json_kwargs)
         # One call at a time, even from threads the code started: the pipe carries one
         # exchange at a time and the journal is consumed in order.
@@ -586,9 +580,7 @@ class _Block:
                     "kind": kind,
                     "args": json_args,
                     "kwargs": json_kwargs,
-                    "arguments": {**dict(zip(params, json_args, strict=False)), **json_kwargs}
-                    if strict
-                    else {},
+                    "arguments": arguments,
                     "line": line,
                     "code": code,
                 }
@@ -899,14 +891,7 @@ def _sandbox_tool(
     def tool(*args: Any, **kwargs: Any) -> Any:
         if _running is None:
             raise RuntimeError(f"{name} is used outside of a block")
-        if len(args) > len(params):
-            raise TypeError(f"{name}() takes {len(params)} positional arguments but {len(args)} were given")
-        bound = dict(zip(params, args, strict=False))
-        for key, value in kwargs.items():
-            if key in bound:
-                raise TypeError(f"{name}() got multiple values for argument {key!r}")
-            bound[key] = value
-        return _running.call_local(name, run, (), bound)
+        return _running.call_local(name, run, (), bind_params(name, params, args, kwargs))
 
     tool.__name__ = tool.__qualname__ = name
     tool.__doc__ = f"{name}({', '.join(params)}): a tool of this persona."

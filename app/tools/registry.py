@@ -17,6 +17,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from app.personas.tooldoc import render_tool
+from app.runtime.protocol import bind_params
 from app.runtime.schemas import SandboxTool
 
 ExecutionMode = Literal["internal", "external"]
@@ -54,15 +55,7 @@ class Tool:
 
     def bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
         """Positional arguments mapped to parameter names (schema order), merged with keywords."""
-        names = self.param_names
-        if len(args) > len(names):
-            raise TypeError(f"{self.name}() takes {len(names)} arguments but {len(args)} were given")
-        bound = dict(zip(names, args, strict=False))
-        for key, value in kwargs.items():
-            if key in bound:
-                raise TypeError(f"{self.name}() got multiple values for argument {key!r}")
-            bound[key] = value
-        return bound
+        return bind_params(self.name, self.param_names, args, kwargs)
 
     def validate_arguments(self, arguments: Mapping[str, Any]) -> str | None:
         """None when ``arguments`` fit the schema, else a message the model can act on."""
