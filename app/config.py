@@ -83,6 +83,10 @@ class Settings(BaseSettings):
     block_file_size_mb: int = Field(default=100, ge=1)
     block_open_files: int = Field(default=256, ge=16)
     block_snapshot_bytes: int = Field(default=50_000_000, ge=1024)
+    # A conversation's working directory: bytes and entries (files and directories) its blocks
+    # may take it to (measured by the worker while a block runs; past them the block is killed).
+    block_disk_mb: int = Field(default=1024, ge=1)
+    block_disk_files: int = Field(default=10_000, ge=1)
     # bwrap: bubblewrap namespaces (no network, only the conversation's directory writable);
     # process: plain child processes (a warning at start-up); auto: bwrap when it works here.
     # auto never falls back to process when API keys are configured or the host is not loopback:

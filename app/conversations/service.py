@@ -594,6 +594,8 @@ class ConversationService:
             file_size_mb=s.block_file_size_mb,
             open_files=s.block_open_files,
             snapshot_bytes=s.block_snapshot_bytes,
+            disk_mb=s.block_disk_mb,
+            disk_files=s.block_disk_files,
         )
         if persona.limits is None:
             return limits

@@ -95,6 +95,8 @@ class Limits(_Strict):
     file_size_mb: int | None = Field(default=None, gt=0, le=1_048_576)
     open_files: int | None = Field(default=None, gt=0, le=65_536)
     snapshot_bytes: int | None = Field(default=None, gt=0, le=4_294_967_296)
+    disk_mb: int | None = Field(default=None, gt=0, le=1_048_576)
+    disk_files: int | None = Field(default=None, gt=0, le=10_000_000)
 
 
 class Network(_Strict):

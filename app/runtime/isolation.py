@@ -64,6 +64,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -71,6 +72,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
+
+from app.runtime import landlock, seccomp
 
 SandboxMode = Literal["auto", "bwrap", "process"]
 Backend = Literal["bwrap", "process"]
@@ -463,6 +466,11 @@ class _State:
     privileged = False
     main_tid = 0
     unprivileged_tids: set[int] = set()  # noqa: RUF012 (module state, one per process)
+    # The syscall filter every block gets (built once, in the worker); process: what else a
+    # block may read (the worker's matplotlib cache), and the child's Landlock ruleset.
+    seccomp: seccomp.Filter | None = None
+    readable: list[str] = []  # noqa: RUF012 (module state, one per process)
+    ruleset: landlock.Ruleset | None = None
 
 
 def configure_worker(backend: Backend, *, workspaces: str | None, identity: Identity | None) -> None:
@@ -493,6 +501,44 @@ def configure_worker(backend: Backend, *, workspaces: str | None, identity: Iden
         _make_reachable(needed, identity)
     _prctl(_PR_SET_NO_NEW_PRIVS, 1)
     watch_forks()
+    why = seccomp.available()
+    if why is not None:
+        raise RuntimeError(f"the sandbox's seccomp filter cannot be installed here: {why}")
+    # bwrap: the code sees no host socket file, so AF_UNIX sockets are harmless; process: a
+    # block could connect to the host's (PostgreSQL's, Redis's), so only socketpair() remains.
+    _State.seccomp = seccomp.build(network=False, unix_sockets=backend == "bwrap")
+    if backend == "process" and landlock.abi() < 1:
+        raise RuntimeError(
+            "the process sandbox needs Landlock (Linux 5.13+, enabled in the kernel's LSM list) "
+            "to confine blocks' files; use the bwrap sandbox"
+        )
+
+
+def children(pid: int) -> list[int]:
+    """Pids of the children of ``pid``'s main thread (zombies included): while ``pid`` is not
+    reaped, they cannot be reused by another process."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as listing:
+            return [int(c) for c in listing.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def allow_reading(path: str) -> None:
+    """process backend: let blocks read ``path`` too (the worker's matplotlib cache)."""
+    _State.readable.append(path)
+
+
+def block_tmp(pid: int) -> str:
+    """process backend: the private temporary directory of the block run by child ``pid``
+    (``TMPDIR``), inside the workspaces; the worker removes it when the child has ended."""
+    return os.path.join(_State.workspaces or tempfile.gettempdir(), ".sabre-tmp", str(pid))
+
+
+def remove_block_tmp(pid: int) -> None:
+    """process backend: remove what the block of child ``pid`` left in its temporary directory."""
+    if _State.backend == "process":
+        shutil.rmtree(block_tmp(pid), ignore_errors=True)
 
 
 def _make_reachable(paths: Sequence[Path], identity: Identity) -> None:
@@ -541,6 +587,12 @@ def after_fork() -> None:
     global _fork_refused
     _fork_refused = False
     identity = _State.identity
+    if _State.seccomp is not None:
+        _State.seccomp.warm()
+    if _State.backend == "process":
+        _State.ruleset = landlock.Ruleset(deny_tcp=True, scope=True)
+        _State.ruleset.allow(read_only=_process_readable(), read_write=["/dev/null"])
+        _State.ruleset.warm()
     if _State.backend == "process" and identity is not None and os.getuid() == 0:
         _drop_bounding_set()
         os.setgroups([])
@@ -631,14 +683,46 @@ def enter(workdir: str, limits: Mapping[str, Any]) -> None:
     """
     if _State.backend == "bwrap":
         _narrow(workdir, int(limits["file_size_mb"]) << 20)
-    elif _State.backend == "process" and _State.identity is not None and os.getuid() == 0:
-        # As root: the directory may lie below directories the identity cannot pass through.
+    elif _State.backend == "process":
+        _confine_process(workdir)
+    else:
         os.chdir(workdir)
-        uid = _State.identity.uid
-        os.setresuid(uid, uid, uid)  # every thread (glibc); clears every capability
-        _rearm_parent_death()  # a change of user clears it
-        return
+    if _State.seccomp is not None:
+        _State.seccomp.install()
+
+
+def _process_readable() -> list[str]:
+    """What a block of the process backend may read besides its directories: the system's
+    programs and libraries, the Python installation and ``app``, a few /etc files, /proc, the
+    random devices. Not the data directory (the store, other conversations), not /tmp."""
+    paths = ["/usr", *(f"/{name}" for name in _TOP_LEVEL), *(f"/etc/{name}" for name in _ETC)]
+    paths += [str(p) for p in _readonly_paths()]
+    paths += ["/proc", "/dev/zero", "/dev/random", "/dev/urandom", "/sys/devices/system/cpu"]
+    return paths + _State.readable
+
+
+def _confine_process(workdir: str) -> None:
+    """process backend: enter ``workdir``, give the block a private TMPDIR, run as the sandbox
+    identity (server as root), then confine it with Landlock: only its directories writable,
+    no TCP, no signals to or abstract sockets of processes outside its own domain."""
+    tmp = block_tmp(os.getpid())
+    os.makedirs(os.path.dirname(tmp), mode=0o711, exist_ok=True)
+    os.mkdir(tmp, 0o700)
     os.chdir(workdir)
+    identity = _State.identity
+    if identity is not None and os.getuid() == 0:
+        # As root: the directory may lie below directories the identity cannot pass through.
+        os.chown(tmp, identity.uid, identity.gid)
+        os.setresuid(identity.uid, identity.uid, identity.uid)  # every thread; clears capabilities
+        _rearm_parent_death()  # a change of user clears it
+    os.environ["TMPDIR"] = tmp
+    tempfile.tempdir = None  # chosen again from TMPDIR
+    ruleset = _State.ruleset
+    if ruleset is None:
+        raise OSError(errno.EPERM, "the block's Landlock ruleset was not prepared")
+    _State.ruleset = None
+    ruleset.allow(read_write=[workdir, tmp])
+    ruleset.enforce()
 
 
 def _rearm_parent_death() -> None:

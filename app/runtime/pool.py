@@ -39,9 +39,12 @@ from app.runtime import isolation
 from app.runtime.isolation import Backend, Identity, SandboxMode
 from app.runtime.protocol import (
     JOURNALED_SANDBOX_HELPERS,
+    MAX_CALLS,
     MAX_FIGURE_BYTES,
     MAX_FIGURES,
     MAX_HEADER_BYTES,
+    MAX_JOURNAL_BYTES,
+    MAX_RECORDS,
     PNG_SIGNATURE,
     PREFIX,
     PROTOCOL_VERSION,
@@ -102,11 +105,17 @@ class _ReadyFrame(_Frame):
 
 
 class _ExitFrame(_Frame):
+    """Written by the worker (never the child) once the child is dead and reaped."""
+
     t: Literal["exit"]
     pid: int
     code: int | None
     signal: int | None
     cpu_seconds: float
+    # What the child sent that the protocol does not allow (the worker killed it for that).
+    violation: str | None = None
+    # A quota the worker measured the block past (and killed it for).
+    limit: Literal["disk", "disk_files"] | None = None
 
 
 class _CallFrame(_Frame):
@@ -164,6 +173,7 @@ class _Worker:
         self.namespaced = namespaced
         self.child_pid: int | None = None
         self.dead = False
+        self.last_header_bytes = 0  # of the last frame read (the journal's size is capped)
         assert proc.stdin is not None
         assert proc.stdout is not None
         self._stdin = proc.stdin
@@ -179,6 +189,7 @@ class _Worker:
             data = await self._stdout.readexactly(header_len + blob_len)
         except asyncio.IncompleteReadError:
             raise FrameError("the sandbox worker closed its pipe (it died)") from None
+        self.last_header_bytes = header_len
         return decode_header(data[:header_len]), data[header_len:]
 
     async def send(self, data: bytes) -> None:
@@ -203,7 +214,7 @@ class _Worker:
         # bwrap: bubblewrap's own child is the namespace's init; killing it ends every process
         # of the namespace. Its parent-death signal alone is not enough: bubblewrap killed
         # just after it started can die before the child arms it (seen: 1 start in 40).
-        targets = _children(self.proc.pid) if self.namespaced else []
+        targets = isolation.children(self.proc.pid) if self.namespaced else []
         for pgid in (None if self.namespaced else self.child_pid, self.proc.pid):
             if pgid:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -217,16 +228,14 @@ class _Worker:
         self.child_pid = _ReadyFrame.model_validate(header).pid
 
 
-def _children(pid: int) -> list[int]:
-    """Host pids of the children of ``pid`` (an unreaped process: they cannot be reused yet)."""
-    try:
-        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except (OSError, ValueError):
-        return []
-
-
 def _exit_failure(frame: _ExitFrame, limits: Limits) -> _BlockFailed:
     """Map how a child died (before reporting) to the block's limit or error."""
+    if frame.violation is not None:
+        return _BlockFailed(
+            "error", f"SandboxError: the block broke the sandbox protocol ({frame.violation})"
+        )
+    if frame.limit is not None:
+        return _BlockFailed("limit", limit_label(frame.limit, limits.model_dump()))
     if frame.signal == signal.SIGXCPU or (
         frame.signal == signal.SIGKILL and frame.cpu_seconds >= limits.cpu_seconds
     ):
@@ -601,6 +610,8 @@ class RuntimePool:
             async with asyncio.timeout(_REARM_TIMEOUT_SECONDS):
                 header, _ = await worker.read(max_blob=0)
                 ended = _ExitFrame.model_validate(header)
+                if ended.violation is not None:
+                    log.warning("sandbox_protocol_violation", violation=ended.violation, after="done")
                 if ended.pid != child_pid or ended.code != 0:
                     raise FrameError(f"the block's process ended oddly: {header}")
                 await worker.await_ready()
@@ -923,6 +934,10 @@ class _Exchange:
         self._replayed = 0
         self._pending: HelperCall | None = None
         self._live = False  # a call reached the parent
+        # What this run received, capped (the worker caps it too: the child is hostile).
+        self._calls = 0
+        self._records = 0
+        self._record_bytes = 0
 
     @property
     def journal(self) -> list[JournalEntry]:
@@ -992,15 +1007,25 @@ class _Exchange:
                 self._remaining -= loop.time() - began
                 match header["t"]:
                     case "call" if self._pending is None:
+                        self._calls += 1
+                        if self._calls > MAX_CALLS:
+                            raise _BlockFailed("error", f"SandboxError: more than {MAX_CALLS} calls")
                         await self._answer(_CallFrame.model_validate(header))
                         if self._parked:
                             return None
                     case "record" if self._pending is None:
+                        self._records += 1
+                        self._record_bytes += self._worker.last_header_bytes
+                        if self._records > MAX_RECORDS or self._record_bytes > MAX_JOURNAL_BYTES:
+                            raise _BlockFailed("error", "SandboxError: the block's journal is too large")
                         self._record(_RecordFrame.model_validate(header))
                     case "done":
                         return self._done(_DoneFrame.model_validate(header), blob)
                     case "exit":
-                        raise _exit_failure(_ExitFrame.model_validate(header), limits)
+                        ended = _ExitFrame.model_validate(header)
+                        if ended.violation is not None:
+                            log.warning("sandbox_protocol_violation", violation=ended.violation)
+                        raise _exit_failure(ended, limits)
                     case tag:
                         raise _BlockFailed("error", f"SandboxError: unexpected {tag!r} frame")
         except FrameError as exc:

@@ -58,13 +58,20 @@ SANDBOX_GROUPS: Final = frozenset(name.split(".", 1)[0] for name in SANDBOX_HELP
 # A ``record`` frame beyond this is refused in the child (the call raises instead): the journal is
 # stored with the conversation.
 MAX_RECORD_BYTES: Final = 8 * 1024 * 1024
+# What one block may send in all, checked in the child (the call raises), by the worker and by
+# the parent (a block past them is killed as hostile): record frames and their bytes, calls.
+MAX_RECORDS: Final = 10_000
+MAX_JOURNAL_BYTES: Final = 32 * 1024 * 1024
+MAX_CALLS: Final = 10_000
 
 # Figures of one block: at most this many, each a PNG of at most this size.
 MAX_FIGURES: Final = 10
 MAX_FIGURE_BYTES: Final = 5 * 1024 * 1024
 PNG_SIGNATURE: Final = b"\x89PNG\r\n\x1a\n"
 
-LimitKind = Literal["wall_clock", "cpu_time", "memory", "file_size", "snapshot_size", "processes"]
+LimitKind = Literal[
+    "wall_clock", "cpu_time", "memory", "file_size", "snapshot_size", "processes", "disk", "disk_files"
+]
 
 
 class FrameError(Exception):
@@ -218,6 +225,10 @@ def limit_label(kind: LimitKind, limits: Mapping[str, Any]) -> str:
             return f"snapshot_size {int(limits['snapshot_bytes']) / 1e6:g}MB"
         case "processes":
             return f"processes {limits['max_processes']}"
+        case "disk":
+            return f"disk {limits['disk_mb']}MB"
+        case "disk_files":
+            return f"disk_files {limits['disk_files']}"
 
 
 # Blocking helpers for the worker and its child (the parent uses asyncio streams instead).

@@ -15,7 +15,6 @@ the same conversation.
 from __future__ import annotations
 
 import builtins
-import collections
 import contextlib
 import ctypes
 import functools
@@ -26,7 +25,6 @@ import math
 import mmap
 import os
 import resource
-import select
 import signal
 import sys
 import threading
@@ -40,7 +38,9 @@ from app.runtime.protocol import (
     BLOCK_FILENAME,
     EXIT_EOF,
     JOURNALED_SANDBOX_HELPERS,
+    MAX_JOURNAL_BYTES,
     MAX_RECORD_BYTES,
+    MAX_RECORDS,
     PROTOCOL_VERSION,
     LimitKind,
     bind_params,
@@ -129,96 +129,18 @@ def _namespace_names(members: Mapping[str, Callable[..., Any]]) -> dict[str, Any
 # -- output capture ------------------------------------------------------------------------
 
 
-class _Capture:
-    """What the block prints, capped: Python-level writes, and with ``redirect`` fd 1/2 too.
-
-    Keeps the first and the last half of the limit and counts the rest, so printing 100 MB
-    costs neither process 100 MB. Output of subprocesses (fd 1/2) goes through a pipe that a
-    thread drains while the block runs (so a chatty subprocess never blocks); the thread reads
-    only while holding the lock, so ``finish`` can take the rest itself without waiting for it.
-    """
-
-    def __init__(self, *, redirect: bool) -> None:
-        # Reentrant: a limit's signal handler may finish the capture in the middle of ``add``.
-        self._lock = threading.RLock()
-        self._head = bytearray()
-        self._tail: collections.deque[bytes] = collections.deque()
-        self._tail_len = 0
-        self._total = 0
-        self._head_cap = self._tail_cap = 1 << 62
-        self._finished = False
-        self._read_fd = -1
-        if redirect:
-            read_fd, write_fd = os.pipe()
-            os.dup2(write_fd, 1)
-            os.dup2(write_fd, 2)
-            os.close(write_fd)
-            os.set_blocking(read_fd, False)
-            self._read_fd = read_fd
-            threading.Thread(target=self._pump, name="capture", daemon=True).start()
-
-    def set_limit(self, limit: int) -> None:
-        self._head_cap = limit // 2
-        self._tail_cap = limit - self._head_cap
-
-    def add(self, data: bytes) -> None:
-        with self._lock:
-            self._total += len(data)
-            room = self._head_cap - len(self._head)
-            if room > 0:
-                self._head += data[:room]
-                data = data[room:]
-            if data:
-                self._tail.append(data)
-                self._tail_len += len(data)
-                while self._tail_len - len(self._tail[0]) >= self._tail_cap:
-                    self._tail_len -= len(self._tail.popleft())
-
-    def _drain(self) -> bool:
-        """Take what is in the pipe now (lock held); False once every writer has closed it."""
-        while True:
-            try:
-                data = os.read(self._read_fd, 65536)
-            except BlockingIOError:
-                return True
-            if not data:
-                return False
-            self.add(data)
-
-    def _pump(self) -> None:
-        isolation.thread_started()  # started before the block: drops its own privileges
-        poller = select.poll()
-        poller.register(self._read_fd, select.POLLIN)
-        while True:
-            poller.poll()
-            with self._lock:
-                if self._finished or not self._drain():
-                    return
-
-    def finish(self) -> str:
-        """Stop capturing and return the (capped) text."""
-        with self._lock:
-            if self._read_fd >= 0 and not self._finished:
-                self._drain()
-            self._finished = True
-            tail = b"".join(self._tail)[-self._tail_cap :] if self._tail else b""
-            head = bytes(self._head)
-            lost = self._total - len(head) - len(tail)
-        text = head.decode("utf-8", "replace")
-        if lost:
-            text += f"\n[... {lost} bytes truncated]\n"
-        return text + tail.decode("utf-8", "replace")
-
-
-class _CaptureStream(io.TextIOBase):
-    """``sys.stdout``/``sys.stderr`` of the block: writes go straight to the capture."""
+class _OutputStream(io.TextIOBase):
+    """``sys.stdout``/``sys.stderr`` of the block: text written to fd 1, a pipe the worker reads
+    and caps (``app.runtime.output``). Line-buffered, so what the code prints and what its
+    subprocesses write to the same pipe keep their order. ``fd=None`` (the warm-up) discards."""
 
     encoding = "utf-8"
     errors = "backslashreplace"
 
-    def __init__(self, capture: _Capture) -> None:
+    def __init__(self, fd: int | None) -> None:
         super().__init__()
-        self.capture = capture
+        self._fd = fd
+        self._pending = bytearray()
 
     def writable(self) -> bool:
         return True
@@ -226,10 +148,21 @@ class _CaptureStream(io.TextIOBase):
     def write(self, text: str, /) -> int:
         if not isinstance(text, str):
             raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        if self._fd is None:
+            return len(text)
         # A huge string is encoded a slice at a time, never as one more huge copy.
         for start in range(0, len(text), _WRITE_SLICE):
-            self.capture.add(text[start : start + _WRITE_SLICE].encode("utf-8", "backslashreplace"))
+            self._pending += text[start : start + _WRITE_SLICE].encode("utf-8", "backslashreplace")
+            if len(self._pending) >= _WRITE_SLICE:
+                self.flush()
+        if "\n" in text:
+            self.flush()
         return len(text)
+
+    def flush(self) -> None:
+        if self._pending and self._fd is not None:
+            data, self._pending = bytes(self._pending), bytearray()
+            write_all(self._fd, data)
 
     def fileno(self) -> int:
         # fd 1 is the capture pipe too, so code that writes to the fd is captured as well.
@@ -419,17 +352,20 @@ class _Block:
         self,
         *,
         request: Mapping[str, Any],
-        capture: _Capture,
-        proto_in: io.FileIO | None,
-        proto_out: int,
+        output: _OutputStream,
+        channel_in: io.FileIO | None,
+        channel_out: int,
         reserve: mmap.mmap | None,
         dry: bool = False,
     ) -> None:
         self._request = request
         self._limits: Mapping[str, Any] = request["limits"]
-        self._capture = capture
-        self._in = proto_in
-        self._out = proto_out
+        self._output = output
+        self._in = channel_in
+        self._out = channel_out
+        # Record frames sent, and their bytes: the worker and the parent cap them too.
+        self._records = 0
+        self._recorded_bytes = 0
         self._dry = dry
         # Wire form of an entry: [name, digest, value] or [name, digest, null, type, message].
         self._journal: Sequence[Sequence[Any]] = request["journal"]
@@ -451,7 +387,6 @@ class _Block:
     def start(self) -> None:
         """Apply the limits, enter the work directory, start the wall clock."""
         limits = self._limits
-        self._capture.set_limit(int(limits["stdout_bytes"]))
         try:
             workdir = str(self._request["workdir"])
             if self._dry:
@@ -497,15 +432,15 @@ class _Block:
             os._exit(1)
         self._stopping = True
         signal.setitimer(signal.ITIMER_REAL, 0)
-        for stream in (sys.__stdout__, sys.__stderr__):  # what the code wrote around print()
+        for stream in (self._output, sys.__stdout__, sys.__stderr__):  # all the code wrote
             with contextlib.suppress(Exception):
                 if stream is not None:
                     stream.flush()
         cap = int(self._limits["stdout_bytes"])
+        # No "stdout": the worker, which holds the output pipe, adds what the block printed.
         header = {
             "t": "done",
             "status": status,
-            "stdout": self._capture.finish(),
             "results": self.results.rendered(),
             "error": None if error is None else _cap_text(error, cap),
             "limit": limit,
@@ -607,6 +542,8 @@ class _Block:
         assert self._in is not None
         # The wall clock stops while the parent works on the call (an LLM call may be slow).
         remaining, _ = signal.setitimer(signal.ITIMER_REAL, 0)
+        with contextlib.suppress(OSError):
+            self._output.flush()  # what was printed before the call comes before its effects
         try:
             write_frame(self._out, {"t": "call", "digest": digest, "call": call})
             reply, _ = read_frame(self._in)
@@ -699,6 +636,13 @@ class _Block:
                 f"{name} returned {len(frame)} bytes of JSON, more than can be journaled "
                 f"({MAX_RECORD_BYTES}); work on smaller pieces"
             )
+        if self._records >= MAX_RECORDS or self._recorded_bytes + len(frame) > MAX_JOURNAL_BYTES:
+            raise _RecordTooLarge(
+                f"this block's journal is full ({MAX_RECORDS} records or {MAX_JOURNAL_BYTES} bytes); "
+                "do the rest in another block"
+            )
+        self._records += 1
+        self._recorded_bytes += len(frame)
         if not self._dry:
             write_all(self._out, frame)
 
@@ -749,7 +693,7 @@ class _Block:
                 )
             figures, notes = library.capture_figures()
             for note in notes:
-                self._capture.add(f"{note}\n".encode())
+                self._output.write(f"{note}\n")
             data, lost = snapshot.dump(
                 ns,
                 skip=frozenset(fixed),
@@ -949,9 +893,9 @@ def warm_up() -> None:
     """Run a dry block through the real code path (journal-answered call, snapshot load and
     dump, traceback, report encoding), so the first-use costs of the real block (page faults
     on copy-on-write memory, lazy caches) are paid before the request arrives, not after."""
-    capture = _Capture(redirect=False)
+    output = _OutputStream(None)
     saved = sys.stdout, sys.stderr, os.environ.get("HOME"), os.getcwd()
-    sys.stdout = sys.stderr = _CaptureStream(capture)
+    sys.stdout = sys.stderr = output
     library.warm()
     digest = call_digest(name="tool", args=[2], kwargs={"mode": "x"})
     listed = call_digest(name="FS.list_files", args=[], kwargs={})
@@ -980,7 +924,7 @@ def warm_up() -> None:
         )[8:]
     )
     data, _ = snapshot.dump(_warm_up_values(), skip=frozenset(), helpers={}, max_bytes=1 << 20)
-    block = _Block(request=request, capture=capture, proto_in=None, proto_out=-1, reserve=None, dry=True)
+    block = _Block(request=request, output=output, channel_in=None, channel_out=-1, reserve=None, dry=True)
     try:
         block.start()
         block.run(data)
@@ -996,46 +940,36 @@ def warm_up() -> None:
     gc.collect()
 
 
-def serve_one(*, proto_in: int, proto_out: int, private_fds: Sequence[int] = ()) -> int:
+def serve_one(*, channel: int, log_fd: int) -> int:
     """Life of one forked child: prepare, say ready, run one block, report. Returns exit code.
 
-    ``proto_in``/``proto_out`` are the worker's pipes to the parent; fds 0, 1 and 2 are
-    repointed (0 to /dev/null, 1 and 2 to the output capture) so nothing the code starts can
-    write into the protocol by accident. ``private_fds`` (the worker's log, i.e. the server's
-    stderr) are closed before the block's code runs: the code must not write into the
-    server's logs.
+    The worker arranged the descriptors before this runs (``app.runtime.worker``): 0 is
+    /dev/null, 1 and 2 the output pipe only the worker reads, ``channel`` this child's own
+    socket to the worker (nothing of the worker's pipes to the server survives the fork), and
+    ``log_fd`` the worker's log, for runtime bugs until the request arrives and closed before
+    the block's code runs. Nothing the block sends reaches the server unchecked: the worker
+    reads the channel, validates and caps every frame, and speaks for the child's life itself.
     """
     os.setsid()  # its own process group: killing the group kills what the code started
     die_with_parent()
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.close(devnull)
     # Python ignores SIGXFSZ (writes past RLIMIT_FSIZE then fail with EFBIG); the default
     # action ends the block and the parent reports it as file_size.
     signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
     signal.signal(signal.SIGXCPU, _on_limit_signal)
     signal.signal(signal.SIGALRM, _on_limit_signal)
     warm_up()
-    capture = _Capture(redirect=True)
-    sys.stdout = sys.stderr = _CaptureStream(capture)
+    output = _OutputStream(1)
+    sys.stdout = sys.stderr = output
     reserve = mmap.mmap(-1, _RESERVE_BYTES)
-    stream = io.FileIO(proto_in, "rb", closefd=False)
-    write_frame(proto_out, {"t": "ready", "pid": os.getpid()})
-
-    while True:
-        try:
-            request, snapshot_data = read_frame(stream)
-        except EOFError:
-            return EXIT_EOF
-        # Skip a reply the previous child never read (it stopped before reading it): the
-        # parent only ever writes whole frames, so the stream stays in step.
-        if request.get("t") != "reply":
-            break
+    stream = io.FileIO(channel, "rb", closefd=False)
+    write_frame(channel, {"t": "ready"})
+    try:
+        request, snapshot_data = read_frame(stream)
+    except EOFError:
+        return EXIT_EOF
     if request.get("t") != "run" or request.get("v") != PROTOCOL_VERSION:
         raise RuntimeError(f"sandbox protocol: unexpected request {request.get('t')!r}")
-    for fd in private_fds:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-    block = _Block(request=request, capture=capture, proto_in=stream, proto_out=proto_out, reserve=reserve)
+    os.close(log_fd)
+    block = _Block(request=request, output=output, channel_in=stream, channel_out=channel, reserve=reserve)
     block.start()
     block.run(snapshot_data)

@@ -22,6 +22,9 @@ class Limits(BaseModel):
     open_files: int = Field(default=256, gt=0)
     stdout_bytes: int = Field(default=32_000, gt=0)
     snapshot_bytes: int = Field(default=50_000_000, gt=0)
+    # The conversation's working directory: bytes allocated and entries (files, directories).
+    disk_mb: int = Field(default=1024, gt=0)
+    disk_files: int = Field(default=10_000, gt=0)
 
 
 class SandboxTool(BaseModel):

@@ -1,14 +1,15 @@
 """A sandbox worker: ``python -m app.runtime.worker --preload numpy,pandas``.
 
-It imports the heavy modules once, then forks one child at a time ahead of demand: the child
-waits for its block on the worker's stdin and talks to the parent over the worker's stdin/stdout
-(see ``app.runtime.protocol``); the worker reaps it, kills whatever the code left running in its
-process group, reports how it ended (an ``exit`` frame) and forks the next. Every block runs in a
-fresh fork, so nothing leaks from one block (or conversation) to the next.
+It imports the heavy modules once, then forks one child at a time ahead of demand. The worker
+alone talks to the server (over its stdin/stdout); each child gets a socket of its own to the
+worker and an output pipe, and nothing else: the worker relays and checks what the child sends
+(``app.runtime.relay``), learns of its death from the kernel, kills whatever the code left
+running (its process group, orphans the worker adopted as their subreaper, and under bwrap the
+rest of its PID namespace), reports how it ended (an ``exit`` frame) and forks the next. Every
+block runs in a fresh fork, so nothing leaks from one block (or conversation) to the next.
 
 With ``--isolation bwrap`` the worker runs inside bubblewrap and each child narrows its own view
-to its block's directory (``app.runtime.isolation``); after each child the worker also kills
-whatever else runs in its PID namespace.
+to its block's directory (``app.runtime.isolation``).
 
 Started by ``RuntimePool`` with a clean environment; never imports pydantic or asyncio, to keep
 an idle worker small.
@@ -18,76 +19,156 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
+import fcntl
 import gc
 import importlib
+import io
 import os
 import signal
+import socket
 import sys
 import tempfile
 import traceback
 from collections.abc import Sequence
+from typing import Final
 
 from app.runtime import isolation, sandbox
-from app.runtime.protocol import EXIT_EOF, write_frame
+from app.runtime.protocol import write_frame
+from app.runtime.relay import ChildLink, ServerClosed, Violation
+
+# The descriptors of a child: 0 /dev/null, 1 and 2 its output pipe, then these.
+CHANNEL_FD: Final = 3
+LOG_FD: Final = 4
+_PR_SET_CHILD_SUBREAPER: Final = 36
+# A child that dies or misbehaves before it is ready this many times in a row: the worker stops.
+_MAX_FAILED_STARTS: Final = 5
 
 
-def _protocol_fds() -> tuple[int, int]:
-    """Move the protocol pipes off fds 0/1; point 0 at /dev/null and 1 at stderr.
-
-    So a module that prints at import time writes to the log, not into the protocol.
-    """
-    proto_in, proto_out = os.dup(0), os.dup(1)
+def _protocol_fds() -> tuple[int, int, int]:
+    """The server's pipes and the log, moved off 0/1/2 (0 becomes /dev/null, 1 the log, so a
+    module that prints at import time writes to the log, not into the protocol), and every
+    other descriptor the worker inherited closed: the server's process may leave some open
+    (its log file, a namespace handle, whatever its own parent passed down)."""
+    proto_in, proto_out, log = (fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3) for fd in (0, 1, 2))
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
     os.dup2(2, 1)
-    return proto_in, proto_out
+    keep = sorted((proto_in, proto_out, log))
+    for low, high in zip([3, *(fd + 1 for fd in keep)], [*keep, 1 << 20], strict=True):
+        if low < high:
+            os.closerange(low, high)
+    return proto_in, proto_out, log
 
 
-def _kill_group(pgid: int) -> None:
-    """Kill what the code left running in the child's process group (it may be empty)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
+def _arrange_child_fds(*, channel: int, output: int, log: int) -> None:
+    """In a fresh child: 0 /dev/null, 1 and 2 the output pipe, ``CHANNEL_FD`` its socket,
+    ``LOG_FD`` the log; every other descriptor (the worker's pipes to the server included)
+    closed. The channel and the log do not survive an exec of the code's programs."""
+    moved = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 16) for fd in (channel, output, log)]
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.dup2(moved[1], 1)
+    os.dup2(moved[1], 2)
+    os.dup2(moved[0], CHANNEL_FD, inheritable=False)
+    os.dup2(moved[2], LOG_FD, inheritable=False)
+    os.closerange(LOG_FD + 1, 1 << 20)
+
+
+def _reap_descendants() -> None:
+    """Kill and reap every process still below the worker: what the block left running, its
+    daemons included (orphans are re-parented to the worker, their subreaper)."""
+    for _ in range(10_000):
+        children = isolation.children(os.getpid())
+        if not children:
+            return
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in children:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+
+
+def _log(log_fd: int, message: str) -> None:
+    with contextlib.suppress(OSError):
+        os.write(log_fd, f"sandbox worker {os.getpid()}: {message}\n".encode(errors="replace"))
+
+
+def _fork_child(log_fd: int) -> tuple[int, int, int]:
+    """Fork the next child with its own channel and output pipe: (pid, channel, output)."""
+    # Objects of the warm heap are never collected: the GC then leaves their pages shared
+    # with the children instead of touching (copying) them.
+    gc.collect()
+    gc.freeze()
+    sys.stdout.flush()  # a child must not inherit (and later flush) the worker's output
+    sys.stderr.flush()
+    ours, theirs = (s.detach() for s in socket.socketpair())
+    output_read, output_write = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            _arrange_child_fds(channel=theirs, output=output_write, log=log_fd)
+            isolation.after_fork()  # still single-threaded: its own namespaces, while idle
+            code = sandbox.serve_one(channel=CHANNEL_FD, log_fd=LOG_FD)
+        except BaseException:
+            # Runtime bugs go to the log (closed once the block's code may run: then the exit
+            # code tells).
+            with contextlib.suppress(OSError):
+                os.write(LOG_FD, traceback.format_exc().encode(errors="replace"))
+        finally:
+            os._exit(code)
+    os.close(theirs)
+    os.close(output_write)
+    return pid, ours, output_read
 
 
 def _serve(*, proto_in: int, proto_out: int, log_fd: int) -> int:
-    """Fork, wait and report, one child after another, until the parent goes away."""
+    """Fork, relay and report, one child after another, until the server goes away."""
+    server = io.FileIO(proto_in, "rb", closefd=False)
+    failed_starts = 0
     while True:
-        # Objects of the warm heap are never collected: the GC then leaves their pages
-        # shared with the children instead of touching (copying) them.
-        gc.collect()
-        gc.freeze()
-        sys.stdout.flush()  # a child must not inherit (and later flush) the worker's output
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                isolation.after_fork()  # still single-threaded: its own namespaces, while idle
-                code = sandbox.serve_one(proto_in=proto_in, proto_out=proto_out, private_fds=(log_fd,))
-            except BaseException:
-                # fd 2 of the child is the block's output capture; runtime bugs go to the log
-                # (which is closed once the block's code may run: then the exit code tells).
-                with contextlib.suppress(OSError):
-                    os.write(log_fd, traceback.format_exc().encode(errors="replace"))
-            finally:
-                os._exit(code)
-        _, status, usage = os.wait4(pid, 0)
-        _kill_group(pid)
-        isolation.reap_leftovers()
-        if os.WIFEXITED(status) and os.WEXITSTATUS(status) == EXIT_EOF:
-            return 0
-        report = {
-            "t": "exit",
-            "pid": pid,
-            "code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
-            "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
-            "cpu_seconds": usage.ru_utime + usage.ru_stime,
-        }
+        pid, channel, output = _fork_child(log_fd)
+        child = ChildLink(pid=pid, channel=channel, output=output, server_in=server, server_out=proto_out)
         try:
-            write_frame(proto_out, report)
+            if not child.wait_ready():
+                child.kill()
+                failed_starts += 1
+                _log(log_fd, f"child {pid} failed before it was ready")
+                if failed_starts >= _MAX_FAILED_STARTS:
+                    return 1
+                continue
+            failed_starts = 0
+            write_frame(proto_out, {"t": "ready", "pid": pid})
+            child.wait_run()
+            ended = child.relay()
+        except ServerClosed:
+            child.kill()
+            return 0
+        except Violation as exc:
+            child.kill()
+            _log(log_fd, str(exc))
+            return 1
+        except BrokenPipeError:
+            child.kill()
+            return 0
+        finally:
+            child.close()
+            _cleanup(pid)
+        try:
+            write_frame(proto_out, ended.frame(pid))
         except BrokenPipeError:
             return 0
+
+
+def _cleanup(pid: int) -> None:
+    """After a child: nothing it started may outlive it."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    isolation.reap_leftovers()
+    _reap_descendants()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -98,8 +179,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workspaces", default=None, help="the workspaces directory (bwrap)")
     parser.add_argument("--identity", default=None, help="uid:gid blocks run as (server is root)")
     options = parser.parse_args(argv)
-    proto_in, proto_out = _protocol_fds()
-    log_fd = os.dup(2)
+    proto_in, proto_out, log_fd = _protocol_fds()
+    # Orphans of a block (a daemon that left its session) become the worker's children, so
+    # the worker can kill them when the block ends.
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     # First: a worker started as root switches user here (which also clears the parent-death
     # signal, so that is set after it).
     isolation.configure_worker(

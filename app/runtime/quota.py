@@ -1,0 +1,82 @@
+"""Disk quota of a conversation's working directory: bytes and files, measured by the worker.
+
+The workspaces share one filesystem, on which no kernel quota can be had without privileges, so
+the worker (never the block) walks the block's working directory: when the block starts (its
+baseline), every ``QUOTA_INTERVAL_SECONDS`` while it runs, and before its ``done`` is relayed.
+A block that takes the directory past a quota, and past where it started, is killed and ends
+as ``limit: disk`` or ``disk_files``; one that starts over quota may still delete files. What a
+block writes between two measurements is bounded by the per-file size limit times what it can
+create in that time; a later block pays for any excess before it runs long.
+
+Imported by the sandbox worker: standard library only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from typing import Literal
+
+QuotaKind = Literal["disk", "disk_files"]
+
+
+def usage(path: str, *, stop_bytes: int = 0, stop_files: int = 0) -> tuple[int, int]:
+    """(bytes allocated, entries) below ``path``, symbolic links not followed; the walk stops
+    early once either passes its ``stop_*`` (0: never). A directory the block made unreadable
+    is opened up again (it is the block's own, and the worker's user owns it)."""
+    total = files = 0
+    stack = [path]
+    while stack:
+        directory = stack.pop()
+        try:
+            entries = list(os.scandir(directory))
+        except PermissionError:
+            with contextlib.suppress(OSError):
+                os.chmod(directory, 0o700, follow_symlinks=False)
+            try:
+                entries = list(os.scandir(directory))
+            except OSError:
+                continue
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            files += 1
+            total += info.st_blocks * 512
+            if stat.S_ISDIR(info.st_mode):
+                stack.append(entry.path)
+        if (stop_bytes and total > stop_bytes) or (stop_files and files > stop_files):
+            break
+    return total, files
+
+
+class Quota:
+    """The quotas of one block's working directory, against its usage when the block started."""
+
+    def __init__(self, path: str, *, max_bytes: int, max_files: int) -> None:
+        self._path = path
+        self._max_bytes = max_bytes
+        self._max_files = max_files
+        self._start: tuple[int, int] | None = None
+
+    def exceeded(self) -> QuotaKind | None:
+        """Which quota the directory is past now (and past its baseline), if any. The first
+        call measures the baseline."""
+        if self._start is None:
+            self._start = usage(self._path)
+            return None
+        start_bytes, start_files = self._start
+        used, count = usage(
+            self._path,
+            stop_bytes=max(self._max_bytes, start_bytes),
+            stop_files=max(self._max_files, start_files),
+        )
+        if self._max_bytes and used > max(self._max_bytes, start_bytes):
+            return "disk"
+        if self._max_files and count > max(self._max_files, start_files):
+            return "disk_files"
+        return None

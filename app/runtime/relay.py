@@ -1,0 +1,324 @@
+"""The worker's side of one sandbox child: it alone speaks to the server for the child.
+
+A child holds nothing of the worker's pipes to the server: it talks over a socket of its own,
+which the worker reads, checks and relays. Everything the child sends is hostile input:
+
+- a frame is read with size caps (the header by the block's output limit, a blob only on
+  ``done`` and only as large as a snapshot and its figures may be), must be JSON with a tag the
+  protocol allows at that point (``ready`` once while idle; then ``call``, ``record``, ``done``),
+  and the block's totals are capped (calls, journal records and their bytes);
+- lifecycle frames come from the worker only: the child's death is learnt from the kernel (a
+  pidfd, then ``wait4``), never from the child, and ``exit`` is written once it is reaped;
+- after ``done`` nothing more may come: anything on the channel then is a violation;
+- what the block printed is read by the worker from the output pipe (``app.runtime.output``)
+  and put in the ``done`` it relays: the block cannot forge or rewrite it.
+
+A violation kills the child's process group at once; the ``exit`` frame then names it, and the
+server logs it and fails the block. The server's replies are relayed only to the child they
+were meant for: a reply that arrives after its child ended is dropped.
+
+Imported by the sandbox worker: standard library only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import select
+import signal
+import time
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from app.runtime import quota
+from app.runtime.output import Output
+from app.runtime.protocol import (
+    MAX_CALLS,
+    MAX_FIGURE_BYTES,
+    MAX_FIGURES,
+    MAX_HEADER_BYTES,
+    MAX_JOURNAL_BYTES,
+    MAX_RECORDS,
+    PREFIX,
+    FrameError,
+    decode_header,
+    decode_prefix,
+    encode_frame,
+    read_exact,
+    read_frame,
+    write_all,
+)
+
+# How often the worker measures the block's disk use while it runs (and once at its end).
+QUOTA_INTERVAL_SECONDS: Final = 0.05
+_IDLE_MAX_HEADER: Final = 1024
+
+
+class ServerClosed(Exception):
+    """The server closed the worker's request pipe: the pool is closing."""
+
+
+class Violation(Exception):
+    """The child sent what the protocol does not allow: it is killed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """How a child ended, as the kernel (and the worker) saw it."""
+
+    code: int | None
+    signal: int | None
+    cpu_seconds: float
+    violation: str | None = None
+    limit: Literal["disk", "disk_files"] | None = None
+
+    def frame(self, pid: int) -> dict[str, Any]:
+        """The ``exit`` frame the worker writes for it."""
+        return {
+            "t": "exit",
+            "pid": pid,
+            "code": self.code,
+            "signal": self.signal,
+            "cpu_seconds": self.cpu_seconds,
+            "violation": self.violation,
+            "limit": self.limit,
+        }
+
+
+class ChildLink:
+    """One forked child as the worker sees it: its channel, its output pipe, its pidfd."""
+
+    def __init__(self, *, pid: int, channel: int, output: int, server_in: io.FileIO, server_out: int) -> None:
+        self.pid = pid
+        self._channel = channel
+        self._channel_in = io.FileIO(channel, "rb", closefd=False)
+        self._output_fd = output
+        os.set_blocking(output, False)
+        self._pidfd = os.pidfd_open(pid)
+        self._server_in = server_in
+        self._server_out = server_out
+        self._output = Output()
+        self._phase: Literal["idle", "running", "done"] = "idle"
+        self._channel_open = True
+        self._dead = False
+        self._violation: str | None = None
+        self._limit: Literal["disk", "disk_files"] | None = None
+        self._calls = 0
+        self._records = 0
+        self._record_bytes = 0
+        self._max_header = _IDLE_MAX_HEADER
+        self._max_blob = 0
+        self._quota: quota.Quota | None = None
+
+    def close(self) -> None:
+        """Release the worker's descriptors of this child (after it is reaped)."""
+        for fd in (self._channel, self._output_fd, self._pidfd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    # Idle --------------------------------------------------------------------------------
+
+    def wait_ready(self) -> bool:
+        """Wait for the child's ``ready``: False when it died or said anything else first."""
+        poller = select.poll()
+        for fd in (self._channel, self._pidfd, self._output_fd):
+            poller.register(fd, select.POLLIN)
+        while True:
+            ready = {fd for fd, _ in poller.poll()}
+            if self._output_fd in ready and not self._output.drain(self._output_fd):
+                poller.unregister(self._output_fd)
+            if self._channel in ready:
+                try:
+                    header, _ = self._read_child()
+                except (Violation, FrameError, EOFError):
+                    return False
+                return header.get("t") == "ready" and len(header) == 1
+            if self._pidfd in ready:
+                return False
+
+    def wait_run(self) -> tuple[dict[str, Any], bytes]:
+        """Wait for the server's ``run`` (dropping replies meant for an earlier child) and pass
+        it on; ServerClosed when the server closes the pipe, Violation when the idle child
+        speaks or dies (the worker then stops: the server replaces it)."""
+        poller = select.poll()
+        for fd in (self._server_in.fileno(), self._channel, self._pidfd):
+            poller.register(fd, select.POLLIN)
+        while True:
+            ready = {fd for fd, _ in poller.poll()}
+            if ready & {self._channel, self._pidfd}:
+                raise Violation("the idle child spoke or died before its block")
+            header, blob = self._read_server()
+            if header["t"] == "reply":
+                continue  # the previous child stopped before reading it
+            if header["t"] != "run":
+                raise RuntimeError(f"sandbox protocol: the server sent {header['t']!r} to an idle worker")
+            self._start(header)
+            try:
+                self._to_child(encode_frame(header, blob))
+            except OSError as exc:
+                raise Violation(f"the child does not take its block: {exc}") from None
+            if self._quota is not None:
+                self._quota.exceeded()  # the baseline, measured while the block starts
+            return header, blob
+
+    def _start(self, request: dict[str, Any]) -> None:
+        limits = request["limits"]
+        self._phase = "running"
+        self._output.set_limit(int(limits["stdout_bytes"]))
+        # The same caps the server applies: stdout, results and the error are each capped in
+        # the child (JSON may escape a byte into six); a call's arguments may be large alone.
+        self._max_header = MAX_HEADER_BYTES + 20 * int(limits["stdout_bytes"])
+        self._max_blob = int(limits["snapshot_bytes"]) + MAX_FIGURES * MAX_FIGURE_BYTES
+        if limits.get("disk_mb") or limits.get("disk_files"):
+            self._quota = quota.Quota(
+                str(request["workdir"]),
+                max_bytes=int(limits.get("disk_mb") or 0) << 20,
+                max_files=int(limits.get("disk_files") or 0),
+            )
+
+    # Running -----------------------------------------------------------------------------
+
+    def relay(self) -> Ended:
+        """Relay between the server and the running child until the child is dead and reaped;
+        ServerClosed if the server goes away first (the child is killed)."""
+        poller = select.poll()
+        server_fd = self._server_in.fileno()
+        for fd in (server_fd, self._channel, self._output_fd, self._pidfd):
+            poller.register(fd, select.POLLIN)
+        timeout = QUOTA_INTERVAL_SECONDS * 1000 if self._quota else None
+        next_check = time.monotonic() + QUOTA_INTERVAL_SECONDS
+        while not self._dead:
+            events = poller.poll(timeout)
+            ready = {fd for fd, _ in events}
+            if self._output_fd in ready and not self._output.drain(self._output_fd):
+                poller.unregister(self._output_fd)
+            if self._channel in ready:
+                self._from_child()
+                if not self._channel_open:
+                    poller.unregister(self._channel)
+            if server_fd in ready:
+                self._from_server()
+            if self._pidfd in ready:
+                self._dead = True
+            if self._quota is not None and self._phase == "running" and time.monotonic() >= next_check:
+                self._check_quota()
+                next_check = time.monotonic() + QUOTA_INTERVAL_SECONDS
+        # Frames the child wrote before it died (its ``done``) may still be unread.
+        while self._channel_open and select.select([self._channel], [], [], 0)[0]:
+            self._from_child()
+        _, status, usage = os.wait4(self.pid, 0)
+        if self._phase == "running" and self._quota is not None:
+            self._check_quota()
+        return Ended(
+            code=os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+            signal=os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+            cpu_seconds=usage.ru_utime + usage.ru_stime,
+            violation=self._violation,
+            limit=self._limit,
+        )
+
+    def _from_child(self) -> None:
+        try:
+            header, blob = self._read_child()
+        except EOFError:
+            self._channel_open = False
+            return
+        except (FrameError, Violation) as exc:
+            self._violate(str(exc))
+            return
+        tag = header["t"]
+        if self._phase != "running":
+            self._violate(f"a {tag!r} frame after the block's end")
+        elif tag == "call" and not blob:
+            self._calls += 1
+            if self._calls > MAX_CALLS:
+                self._violate(f"more than {MAX_CALLS} calls")
+            else:
+                self._to_server(encode_frame(header))
+        elif tag == "record" and not blob:
+            size = len(encode_frame(header))
+            self._records += 1
+            self._record_bytes += size
+            if self._records > MAX_RECORDS or self._record_bytes > MAX_JOURNAL_BYTES:
+                self._violate(f"a journal beyond {MAX_RECORDS} records or {MAX_JOURNAL_BYTES} bytes")
+            else:
+                self._to_server(encode_frame(header))
+        elif tag == "done":
+            if self._quota is not None:
+                self._check_quota()
+                if self._limit is not None:
+                    return  # killed for its disk use: the exit frame says so
+            self._output.drain(self._output_fd)  # the child flushed before it reported
+            header["stdout"] = self._output.text()
+            self._phase = "done"
+            self._to_server(encode_frame(header, blob))
+        else:
+            self._violate(f"a {tag!r} frame{' with a blob' if blob else ''} from the block")
+
+    def _from_server(self) -> None:
+        header, blob = self._read_server()
+        if header["t"] != "reply":
+            raise RuntimeError(f"sandbox protocol: the server sent {header['t']!r} during a block")
+        if self._phase == "running" and self._channel_open and self._violation is None:
+            with contextlib.suppress(OSError):  # the child is going away; its exit frame follows
+                self._to_child(encode_frame(header, blob))
+
+    def _check_quota(self) -> None:
+        assert self._quota is not None
+        over = self._quota.exceeded()
+        if over is not None and self._limit is None:
+            self._limit = over
+            self._kill()
+
+    # Frames ------------------------------------------------------------------------------
+
+    def _read_child(self) -> tuple[dict[str, Any], bytes]:
+        """One frame from the child, within the caps of the current phase; EOFError when the
+        child closed its channel between frames."""
+        try:
+            prefix = self._channel_in.read(PREFIX.size) or b""
+        except OSError:
+            prefix = b""
+        if not prefix:
+            raise EOFError
+        try:
+            if len(prefix) < PREFIX.size:
+                prefix += read_exact(self._channel_in, PREFIX.size - len(prefix))
+            header_len, blob_len = decode_prefix(prefix, max_header=self._max_header, max_blob=self._max_blob)
+            header = decode_header(read_exact(self._channel_in, header_len))
+            blob = read_exact(self._channel_in, blob_len) if blob_len else b""
+        except EOFError:
+            raise Violation("the block's channel closed in the middle of a frame") from None
+        return header, blob
+
+    def _read_server(self) -> tuple[dict[str, Any], bytes]:
+        try:
+            return read_frame(self._server_in)
+        except EOFError:
+            raise ServerClosed from None
+
+    def _to_child(self, data: bytes) -> None:
+        write_all(self._channel, data)
+
+    def _to_server(self, data: bytes) -> None:
+        write_all(self._server_out, data)
+
+    def _violate(self, reason: str) -> None:
+        if self._violation is None:
+            self._violation = reason
+        self._channel_open = False
+        self._kill()
+
+    def _kill(self) -> None:
+        """SIGKILL the child's process group (it is its own session leader) and the child."""
+        for kill, target in ((os.killpg, self.pid), (os.kill, self.pid)):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                kill(target, signal.SIGKILL)
+
+    def kill(self) -> None:
+        """Kill the child and reap it (the server went away)."""
+        self._kill()
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+
