@@ -524,6 +524,11 @@ def children(pid: int) -> list[int]:
         return []
 
 
+def backend() -> Backend | None:
+    """The backend this worker was configured for (None outside a worker)."""
+    return _State.backend
+
+
 def allow_reading(path: str) -> None:
     """process backend: let blocks read ``path`` too (the worker's matplotlib cache)."""
     _State.readable.append(path)

@@ -16,17 +16,18 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+from collections.abc import Sequence
 from typing import Literal
 
 QuotaKind = Literal["disk", "disk_files"]
 
 
-def usage(path: str, *, stop_bytes: int = 0, stop_files: int = 0) -> tuple[int, int]:
-    """(bytes allocated, entries) below ``path``, symbolic links not followed; the walk stops
+def usage(paths: Sequence[str], *, stop_bytes: int = 0, stop_files: int = 0) -> tuple[int, int]:
+    """(bytes allocated, entries) below ``paths``, symbolic links not followed; the walk stops
     early once either passes its ``stop_*`` (0: never). A directory the block made unreadable
     is opened up again (it is the block's own, and the worker's user owns it)."""
     total = files = 0
-    stack = [path]
+    stack = list(paths)
     while stack:
         directory = stack.pop()
         try:
@@ -55,10 +56,11 @@ def usage(path: str, *, stop_bytes: int = 0, stop_files: int = 0) -> tuple[int, 
 
 
 class Quota:
-    """The quotas of one block's working directory, against its usage when the block started."""
+    """The quotas of one block's directories (its working directory; the process backend's
+    private TMPDIR), against their usage when the block started."""
 
-    def __init__(self, path: str, *, max_bytes: int, max_files: int) -> None:
-        self._path = path
+    def __init__(self, paths: Sequence[str], *, max_bytes: int, max_files: int) -> None:
+        self._paths = paths
         self._max_bytes = max_bytes
         self._max_files = max_files
         self._start: tuple[int, int] | None = None
@@ -67,11 +69,11 @@ class Quota:
         """Which quota the directory is past now (and past its baseline), if any. The first
         call measures the baseline."""
         if self._start is None:
-            self._start = usage(self._path)
+            self._start = usage(self._paths)
             return None
         start_bytes, start_files = self._start
         used, count = usage(
-            self._path,
+            self._paths,
             stop_bytes=max(self._max_bytes, start_bytes),
             stop_files=max(self._max_files, start_files),
         )

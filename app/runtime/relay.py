@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from app.runtime import quota
+from app.runtime import isolation, quota
 from app.runtime.output import Output
 from app.runtime.protocol import (
     MAX_CALLS,
@@ -171,8 +171,10 @@ class ChildLink:
         self._max_header = MAX_HEADER_BYTES + 20 * int(limits["stdout_bytes"])
         self._max_blob = int(limits["snapshot_bytes"]) + MAX_FIGURES * MAX_FIGURE_BYTES
         if limits.get("disk_mb") or limits.get("disk_files"):
+            # process: the block's private TMPDIR is on disk too, and counts.
+            private = [isolation.block_tmp(self.pid)] if isolation.backend() == "process" else []
             self._quota = quota.Quota(
-                str(request["workdir"]),
+                [str(request["workdir"]), *private],
                 max_bytes=int(limits.get("disk_mb") or 0) << 20,
                 max_files=int(limits.get("disk_files") or 0),
             )
@@ -321,4 +323,3 @@ class ChildLink:
         self._kill()
         with contextlib.suppress(ChildProcessError):
             os.waitpid(self.pid, 0)
-

@@ -169,6 +169,7 @@ def _cleanup(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
     isolation.reap_leftovers()
     _reap_descendants()
+    isolation.remove_block_tmp(pid)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -196,6 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = tempfile.mkdtemp(prefix="matplotlib-")
     os.chmod(config, 0o755)  # readable by blocks that run as another user (process, as root)
     os.environ["MPLCONFIGDIR"] = config
+    isolation.allow_reading(config)  # process: matplotlib reads its cache there later too
     for name in filter(None, options.preload.split(",")):
         importlib.import_module(name)
     del os.environ["MPLCONFIGDIR"]
