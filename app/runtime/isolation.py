@@ -128,7 +128,7 @@ _TOP_LEVEL: Final = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 # the block's own directory, and is made read-only before the code runs.
 _COVER_OPTIONS: Final = "mode=0755,size=64k,nr_inodes=256"
 # /tmp and /dev/shm of a child before its block sets their size (the block's file_size_mb).
-_DEFAULT_TMP_BYTES: Final = 100 << 20
+_DEFAULT_TMP_BYTES: Final = 50 << 20
 
 _HELPER_SOURCE: Final = (
     "import ctypes, os\n"
@@ -687,13 +687,23 @@ def enter(workdir: str, limits: Mapping[str, Any]) -> None:
     directory cannot be entered (the block then fails without running).
     """
     if _State.backend == "bwrap":
-        _narrow(workdir, int(limits["file_size_mb"]) << 20)
+        _narrow(workdir, tmpfs_bytes(limits) // 2)
     elif _State.backend == "process":
         _confine_process(workdir)
     else:
         os.chdir(workdir)
     if _State.seccomp is not None:
         _State.seccomp.install()
+
+
+def tmpfs_bytes(limits: Mapping[str, Any]) -> int:
+    """bwrap: the memory a block's /tmp and /dev/shm may hold together (each gets half). They
+    are memory, so the block's address space limit is lowered by as much: what the code maps
+    and what it stores there stay within ``memory_mb`` together. A quarter of the memory at
+    most, and no more than one file may be large. 0 for the process backend (no tmpfs)."""
+    if _State.backend != "bwrap":
+        return 0
+    return min(int(limits["file_size_mb"]), int(limits["memory_mb"]) // 4) << 20
 
 
 def _process_readable() -> list[str]:
@@ -866,7 +876,7 @@ def probe(workdir: str, *, workspaces: str, identity: Identity | None) -> None:
         try:
             os.close(read_fd)
             after_fork()
-            enter(workdir, {"file_size_mb": 1})
+            enter(workdir, {"file_size_mb": 1, "memory_mb": 64})
             if capability_sets().get("CapEff", 1):
                 raise RuntimeError("capabilities left after entering the work directory")
             with open("probe.txt", "w") as out:

@@ -425,8 +425,9 @@ class RuntimePool:
             backend="process",
             reason=reason,
             consequence=(
-                "blocks run as plain child processes: the network is open to them and, as the "
-                "same user, other conversations' files are not hidden"
+                "blocks run as plain child processes confined by Landlock and seccomp (no "
+                "network, only their own directories): no namespaces, so they see the host's "
+                "processes and /proc, and share its kernel resources"
             ),
         )
         if self._identity is None:

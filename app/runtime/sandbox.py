@@ -316,7 +316,9 @@ def apply_limits(limits: Mapping[str, Any], *, dry: bool = False) -> None:
     used = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
     cpu = math.ceil(used + float(limits["cpu_seconds"]))
     wanted.append((resource.RLIMIT_CPU, cpu, cpu + 1))
-    wanted.append((resource.RLIMIT_AS, int(limits["memory_mb"]) << 20, None))
+    # bwrap: /tmp and /dev/shm are memory too, and count against the same limit.
+    memory = (int(limits["memory_mb"]) << 20) - isolation.tmpfs_bytes(limits)
+    wanted.append((resource.RLIMIT_AS, memory, None))
     wanted.append((resource.RLIMIT_NPROC, int(limits["max_processes"]), None))
     wanted.append((resource.RLIMIT_FSIZE, int(limits["file_size_mb"]) << 20, None))
     wanted.append((resource.RLIMIT_NOFILE, int(limits["open_files"]), None))
