@@ -58,6 +58,7 @@ import contextlib
 import ctypes
 import errno
 import functools
+import hashlib
 import os
 import pwd
 import shutil
@@ -256,6 +257,23 @@ def sandbox_identity() -> Identity | None:
     except KeyError:
         return Identity(65534, 65534)
     return Identity(entry.pw_uid, entry.pw_gid)
+
+
+# process backend, server as root: blocks of a conversation run as one of these unprivileged ids,
+# derived from its working directory (2^28 of them, far from any id a system assigns).
+_CONVERSATION_IDS: Final = (0x40000000, 1 << 28)
+
+
+def conversation_identity(workdir: str, *, base: Identity | None, backend: Backend) -> Identity | None:
+    """Who the blocks of the conversation in ``workdir`` run as. process backend with the server
+    as root: a user of its own (so two conversations never share files, processes, ``kill -1``
+    or RLIMIT_NPROC); otherwise ``base`` (bwrap: one user inside each block's own namespaces)."""
+    if base is None or backend != "process":
+        return base
+    first, count = _CONVERSATION_IDS
+    digest = hashlib.sha256(os.path.normpath(workdir).encode()).digest()
+    uid = first + int.from_bytes(digest[:8], "big") % count
+    return Identity(uid, uid)
 
 
 def adopt(path: Path, identity: Identity | None) -> None:
@@ -724,9 +742,10 @@ def _confine_process(workdir: str) -> None:
     os.makedirs(os.path.dirname(tmp), mode=0o711, exist_ok=True)
     os.mkdir(tmp, 0o700)
     os.chdir(workdir)
-    identity = _State.identity
+    identity = conversation_identity(workdir, base=_State.identity, backend="process")
     if identity is not None and os.getuid() == 0:
         # As root: the directory may lie below directories the identity cannot pass through.
+        os.setresgid(identity.gid, identity.gid, identity.gid)
         os.chown(tmp, identity.uid, identity.gid)
         os.setresuid(identity.uid, identity.uid, identity.uid)  # every thread; clears capabilities
         _rearm_parent_death()  # a change of user clears it

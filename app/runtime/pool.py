@@ -787,18 +787,27 @@ class RuntimePool:
         """The workdir as the child gets it: resolved, checked to lie inside the workspaces (when
         the pool has them), owned by the sandbox identity (when the server is root)."""
         if self._workspaces is None:
-            isolation.adopt(workdir, self._identity)
+            isolation.adopt(workdir, self.owner_of(workdir))
             return workdir
         workdir = workdir.resolve()
         if workdir == self._workspaces or not workdir.is_relative_to(self._workspaces):
             raise ValueError(f"workdir {workdir} is not inside the workspaces {self._workspaces}")
-        if self._identity is not None:
-            # Each directory from the conversation's down to the workdir (usually just one).
+        owner = self.owner_of(workdir)
+        if owner is not None:
+            # Each directory from the conversation's down to the workdir (usually just one);
+            # 0700: blocks of other conversations run as other users (process backend).
             directory = self._workspaces
             for part in workdir.relative_to(self._workspaces).parts:
                 directory = directory / part
-                isolation.adopt(directory, self._identity)
+                isolation.adopt(directory, owner)
+                with contextlib.suppress(FileNotFoundError):
+                    directory.chmod(0o700)
         return workdir
+
+    def owner_of(self, workdir: Path) -> Identity | None:
+        """Who a block in ``workdir`` runs as when the server is root (None: the server's user):
+        the process backend gives each conversation a user of its own."""
+        return isolation.conversation_identity(str(workdir), base=self._identity, backend=self.sandbox)
 
     async def _acquire(self) -> _Worker:
         """An idle worker, waiting for one if all are busy; dead ones are skipped.

@@ -211,7 +211,7 @@ async def test_the_process_backend_runs_blocks_unprivileged(
     keep the server's user, and the server is then non-dumpable."""
     if solo.sandbox != "process":
         pytest.skip("a test of the process backend")
-    mine, _ = conversations
+    mine, theirs = conversations
     code = """\
 import os
 status = dict(line.split(':', 1) for line in open('/proc/self/status'))
@@ -222,11 +222,15 @@ result([os.getresuid(), status['CapEff'].strip(), status['CapBnd'].strip(), stat
     ids, effective, bounding, no_new_privs = json.loads(outcome.results[0])
     assert (effective, no_new_privs) == ("0000000000000000", "1")
     if os.geteuid() == 0:
-        owner = solo.sandbox_owner
+        # A user of its own per conversation: not root, not the other conversation's.
+        owner, other = solo.owner_of(mine), solo.owner_of(theirs)
         assert owner is not None
+        assert other is not None
+        assert owner.uid not in (0, other.uid)
         assert ids == [owner.uid] * 3
         assert bounding == "0000000000000000"
-        assert (mine.stat().st_uid, mine.stat().st_gid) == (owner.uid, owner.gid)
+        info = mine.stat()
+        assert (info.st_uid, info.st_gid, info.st_mode & 0o777) == (owner.uid, owner.gid, 0o700)
     else:
         assert ids == [os.getuid()] * 3
         assert ctypes.CDLL(None).prctl(3, 0, 0, 0, 0) == 0  # PR_GET_DUMPABLE of this server
