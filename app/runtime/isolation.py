@@ -547,6 +547,37 @@ def backend() -> Backend | None:
     return _State.backend
 
 
+def kill_tree(root: int) -> None:
+    """SIGKILL every descendant of ``root`` (not ``root`` itself): stopped first, walk after walk,
+    until no new one appears, so none can fork away while the tree is taken down. For a process
+    worker the server gives up on: the daemons its blocks left are re-parented to it (their
+    subreaper) and would otherwise pass to init when it dies."""
+    stopped: list[int] = []
+    seen: set[int] = set()
+    for _ in range(1000):
+        found = [pid for pid in _descendants(root) if pid not in seen]
+        if not found:
+            break
+        for pid in found:
+            seen.add(pid)
+            stopped.append(pid)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGSTOP)
+    for pid in stopped:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _descendants(root: int) -> list[int]:
+    found: list[int] = []
+    stack = [root]
+    while stack:
+        for child in children(stack.pop()):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
 def allow_reading(path: str) -> None:
     """process backend: let blocks read ``path`` too (the worker's matplotlib cache)."""
     _State.readable.append(path)

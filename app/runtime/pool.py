@@ -215,6 +215,9 @@ class _Worker:
         # of the namespace. Its parent-death signal alone is not enough: bubblewrap killed
         # just after it started can die before the child arms it (seen: 1 start in 40).
         targets = isolation.children(self.proc.pid) if self.namespaced else []
+        if not self.namespaced:
+            # process: what the blocks left running (the worker is their subreaper) goes first.
+            isolation.kill_tree(self.proc.pid)
         for pgid in (None if self.namespaced else self.child_pid, self.proc.pid):
             if pgid:
                 with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -27,6 +27,9 @@ import io
 import os
 import select
 import signal
+import socket
+import struct
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Final, Literal
@@ -52,7 +55,13 @@ from app.runtime.protocol import (
 
 # How often the worker measures the block's disk use while it runs (and once at its end).
 QUOTA_INTERVAL_SECONDS: Final = 0.05
+# A frame is written in one go: a child that stalls in the middle of one (or does not take a
+# reply it asked for) this long is hostile, and must not hold the worker (nor its quota checks).
+STALL_SECONDS: Final = 1.0
+# After its ``done`` a child exits at once: past this it is killed, whatever it does.
+DONE_GRACE_SECONDS: Final = 0.5
 _IDLE_MAX_HEADER: Final = 1024
+_TIMEVAL: Final = struct.pack("ll", int(STALL_SECONDS), int(STALL_SECONDS % 1 * 1e6))
 
 
 class ServerClosed(Exception):
@@ -92,6 +101,11 @@ class ChildLink:
     def __init__(self, *, pid: int, channel: int, output: int, server_in: io.FileIO, server_out: int) -> None:
         self.pid = pid
         self._channel = channel
+        # Reads and writes on the channel give up after STALL_SECONDS (the poll loop only
+        # enters one when the child has begun a frame, or asked for the reply).
+        with socket.socket(fileno=os.dup(channel)) as handle:
+            for option in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
+                handle.setsockopt(socket.SOL_SOCKET, option, _TIMEVAL)
         self._channel_in = io.FileIO(channel, "rb", closefd=False)
         self._output_fd = output
         os.set_blocking(output, False)
@@ -110,6 +124,7 @@ class ChildLink:
         self._max_header = _IDLE_MAX_HEADER
         self._max_blob = 0
         self._quota: quota.Quota | None = None
+        self._quota_lock = threading.Lock()
 
     def close(self) -> None:
         """Release the worker's descriptors of this child (after it is reaped)."""
@@ -188,30 +203,59 @@ class ChildLink:
         server_fd = self._server_in.fileno()
         for fd in (server_fd, self._channel, self._output_fd, self._pidfd):
             poller.register(fd, select.POLLIN)
-        timeout = QUOTA_INTERVAL_SECONDS * 1000 if self._quota else None
-        next_check = time.monotonic() + QUOTA_INTERVAL_SECONDS
+        # The quota is measured on a timer of its own: a child that stalls a read or a write of
+        # the loop below (for up to STALL_SECONDS) must not stop it.
+        stop = threading.Event()
+        watchdog = threading.Thread(target=self._watch_quota, args=(stop,), daemon=True)
+        if self._quota is not None:
+            watchdog.start()
+        try:
+            return self._relay(poller, server_fd)
+        finally:
+            stop.set()
+            if watchdog.is_alive():
+                watchdog.join()
+
+    def _watch_quota(self, stop: threading.Event) -> None:
+        while not stop.wait(QUOTA_INTERVAL_SECONDS):
+            with self._quota_lock:
+                if self._phase == "running" and not self._dead:
+                    self._check_quota()
+
+    def _relay(self, poller: select.poll, server_fd: int) -> Ended:
+        kill_at: float | None = None
         while not self._dead:
-            events = poller.poll(timeout)
+            now = time.monotonic()
+            if self._phase == "done" and kill_at is None:
+                kill_at = now + DONE_GRACE_SECONDS
+            if kill_at is not None and now >= kill_at:
+                self._kill()  # it reported and lingers: its outcome stands, its time is up
+                kill_at = float("inf")
+            wait = None if kill_at is None or kill_at == float("inf") else max(0.0, kill_at - now) * 1000
+            events = poller.poll(wait)
             ready = {fd for fd, _ in events}
             if self._output_fd in ready and not self._output.drain(self._output_fd):
                 poller.unregister(self._output_fd)
             if self._channel in ready:
-                self._from_child()
+                if self._phase == "done":
+                    self._violate("a frame after the block's end")  # not even read
+                else:
+                    self._from_child()
                 if not self._channel_open:
                     poller.unregister(self._channel)
             if server_fd in ready:
                 self._from_server()
             if self._pidfd in ready:
                 self._dead = True
-            if self._quota is not None and self._phase == "running" and time.monotonic() >= next_check:
-                self._check_quota()
-                next_check = time.monotonic() + QUOTA_INTERVAL_SECONDS
         # Frames the child wrote before it died (its ``done``) may still be unread.
-        while self._channel_open and select.select([self._channel], [], [], 0)[0]:
+        while (
+            self._channel_open and self._phase == "running" and select.select([self._channel], [], [], 0)[0]
+        ):
             self._from_child()
         _, status, usage = os.wait4(self.pid, 0)
         if self._phase == "running" and self._quota is not None:
-            self._check_quota()
+            with self._quota_lock:
+                self._check_quota()
         return Ended(
             code=os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
             signal=os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
@@ -248,7 +292,10 @@ class ChildLink:
                 self._to_server(encode_frame(header))
         elif tag == "done":
             if self._quota is not None:
-                self._check_quota()
+                with self._quota_lock:
+                    self._check_quota()
+                    if self._limit is None:
+                        self._phase = "done"  # the watchdog measures no more
                 if self._limit is not None:
                     return  # killed for its disk use: the exit frame says so
             self._output.drain(self._output_fd)  # the child flushed before it reported
@@ -263,8 +310,12 @@ class ChildLink:
         if header["t"] != "reply":
             raise RuntimeError(f"sandbox protocol: the server sent {header['t']!r} during a block")
         if self._phase == "running" and self._channel_open and self._violation is None:
-            with contextlib.suppress(OSError):  # the child is going away; its exit frame follows
+            try:
                 self._to_child(encode_frame(header, blob))
+            except BlockingIOError:
+                self._violate(f"the block did not take the reply it asked for in {STALL_SECONDS:g}s")
+            except OSError:
+                pass  # the child is going away; its exit frame follows
 
     def _check_quota(self) -> None:
         assert self._quota is not None
@@ -280,6 +331,8 @@ class ChildLink:
         child closed its channel between frames."""
         try:
             prefix = self._channel_in.read(PREFIX.size) or b""
+        except BlockingIOError:
+            raise Violation("the block announced a frame and sent nothing") from None
         except OSError:
             prefix = b""
         if not prefix:
@@ -291,7 +344,14 @@ class ChildLink:
             header = decode_header(read_exact(self._channel_in, header_len))
             blob = read_exact(self._channel_in, blob_len) if blob_len else b""
         except EOFError:
-            raise Violation("the block's channel closed in the middle of a frame") from None
+            # (a read that timed out returns nothing, as at the end of the stream)
+            raise Violation(
+                f"the block's channel closed, or stalled for {STALL_SECONDS:g}s, in the middle of a frame"
+            ) from None
+        except BlockingIOError:
+            raise Violation(f"the block stalled in the middle of a frame for {STALL_SECONDS:g}s") from None
+        except OSError as exc:
+            raise Violation(f"the block's channel failed in the middle of a frame: {exc}") from None
         return header, blob
 
     def _read_server(self) -> tuple[dict[str, Any], bytes]:
@@ -307,7 +367,7 @@ class ChildLink:
         write_all(self._server_out, data)
 
     def _violate(self, reason: str) -> None:
-        if self._violation is None:
+        if self._violation is None and self._limit is None:  # not the echo of a quota kill
             self._violation = reason
         self._channel_open = False
         self._kill()

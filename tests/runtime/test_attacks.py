@@ -112,13 +112,6 @@ async def test_a_block_that_lingers_after_done_does_not_hold_its_worker(
     """A forged ``done`` (the block's own, believed) and then the process simply does not exit:
     the worker must not wait for it (the server waits 30 s for the ``exit`` frame, then
     recycles the worker). Two such blocks hold both workers: another conversation stalls."""
-    _hole(
-        request,
-        pool,
-        ("bwrap", "process"),
-        "after relaying done the worker waits for the child to exit on its own; a block that "
-        "forges done and sleeps holds its worker until the pool's 30 s rearm timeout",
-    )
     marker = _marker()
     code = _FRAME + _name_process(marker) + "os.write(3, frame(DONE))\nimport time\ntime.sleep(120)\n"
     attacker, victim = _conversation(workspaces), _conversation(workspaces)
@@ -143,13 +136,6 @@ async def test_half_a_frame_after_done_then_exit_does_not_hold_the_worker(
     """``done`` and two bytes of a next frame in one write, then the block exits while a fork of
     it (in a session of its own) keeps the channel open: the worker reads the done, then blocks
     in the middle of the next prefix and never sees the child die."""
-    _hole(
-        request,
-        pool,
-        ("bwrap", "process"),
-        "the worker reads the rest of a frame with a blocking read_exact once its first byte "
-        "arrives; half a prefix after done blocks it until the pool's 30 s rearm timeout",
-    )
     marker = _marker()
     code = _FRAME + (
         "import ctypes, time\n"
@@ -203,13 +189,6 @@ async def test_half_a_frame_while_running_does_not_suspend_the_disk_quota(
 ) -> None:
     """The block announces a 1 MB header, sends one byte of it, and fills the disk slowly from
     another thread: the worker, blocked in the middle of the frame, no longer measures."""
-    _hole(
-        request,
-        pool,
-        ("bwrap", "process"),
-        "the quota is measured by the worker's relay loop, which a half-sent frame blocks; the "
-        "block then writes without limit until the server kills it (no final measurement)",
-    )
     code = (
         _FRAME
         + """\
@@ -236,13 +215,6 @@ async def test_a_reply_the_block_never_reads_does_not_suspend_the_disk_quota(
 ) -> None:
     """Forged calls whose (large) replies the block never reads: the worker blocks writing the
     reply to the child's full socket, and stops measuring the disk meanwhile."""
-    _hole(
-        request,
-        pool,
-        ("bwrap", "process"),
-        "the worker writes a reply to the child with a blocking write_all; a child that does "
-        "not read it blocks the relay loop and with it the disk quota",
-    )
     recorder = Recorder(lambda call: CallReply(kind="value", value="r" * (4 << 20)))
     code = (
         _FRAME
@@ -283,14 +255,6 @@ async def test_a_daemon_dies_even_when_the_server_kills_the_worker(
 ) -> None:
     """A daemon in a session of its own, then the block ignores its wall clock so that the
     server (not the worker) has to kill it: the worker's clean-up never runs."""
-    _hole(
-        request,
-        pool,
-        ("process",),
-        "when the server kills a process-backend worker (wall clock, any _BlockFailed) it kills "
-        "only the child's and the worker's process groups; a daemon that left the block's "
-        "session is re-parented to init and runs on, unmeasured",
-    )
     marker = _marker()
     code = f"""\
 import ctypes, os, signal, time
@@ -460,14 +424,6 @@ async def test_a_directory_without_search_permission_hides_nothing_from_the_quot
 ) -> None:
     """Files opened first, then their directory made readable but not searchable (0600): the
     quota's walk lists the names but cannot stat them; the block writes on through its fds."""
-    _hole(
-        request,
-        pool,
-        ("bwrap",),
-        "quota.usage skips entries it cannot stat; under bwrap the worker has no capability over "
-        "the block's files, so a directory of mode 0600 (listable, not searchable) hides every "
-        "file below it (only a scandir PermissionError is repaired with chmod)",
-    )
     code = """\
 import os, time
 os.mkdir("hide")
