@@ -18,7 +18,6 @@ its import (pandas) or first use (``warm``). A block reaches the block it runs i
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import fnmatch
 import io
@@ -34,6 +33,7 @@ from typing import Any, Final, Protocol
 
 import pandas as pd
 
+from app.runtime.output import Output
 from app.runtime.protocol import JOURNALED_SANDBOX_HELPERS, MAX_FIGURE_BYTES, MAX_FIGURES, SANDBOX_HELPERS
 
 MAX_READ_BYTES: Final = 4 * 1024 * 1024
@@ -177,38 +177,6 @@ def list_files(directory: str = ".", pattern: str = "*") -> list[str]:
 # -- Bash ----------------------------------------------------------------------------------
 
 
-class _HeadTail:
-    """The first and last ``limit // 2`` bytes of a stream, and how many were dropped between."""
-
-    def __init__(self, limit: int) -> None:
-        self._head_cap = limit // 2
-        self._tail_cap = limit - self._head_cap
-        self._head = bytearray()
-        self._tail: collections.deque[bytes] = collections.deque()
-        self._tail_len = 0
-        self._total = 0
-
-    def add(self, data: bytes) -> None:
-        self._total += len(data)
-        room = self._head_cap - len(self._head)
-        if room > 0:
-            self._head += data[:room]
-            data = data[room:]
-        if data:
-            self._tail.append(data)
-            self._tail_len += len(data)
-            while self._tail_len - len(self._tail[0]) >= self._tail_cap:
-                self._tail_len -= len(self._tail.popleft())
-
-    def text(self) -> str:
-        tail = b"".join(self._tail)[-self._tail_cap :] if self._tail else b""
-        lost = self._total - len(self._head) - len(tail)
-        text = bytes(self._head).decode("utf-8", "replace")
-        if lost:
-            text += f"\n[... {lost} bytes truncated]\n"
-        return text + tail.decode("utf-8", "replace")
-
-
 def _descendants(pid: int) -> list[int]:
     """Processes started (directly or not) by ``pid``, read from /proc (best effort)."""
     children: dict[int, list[int]] = {}
@@ -253,7 +221,7 @@ def execute(command: str, timeout: float = DEFAULT_TIMEOUT_SECONDS) -> str:
         raise TypeError(f"Bash.execute: command must be a str, not {type(command).__name__}")
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
         raise ValueError(f"Bash.execute: timeout must be a positive number of seconds, not {timeout!r}")
-    output = _HeadTail(MAX_COMMAND_OUTPUT)
+    output = Output(MAX_COMMAND_OUTPUT)
     proc = subprocess.Popen(
         ["/bin/sh", "-c", command],
         cwd=_current().workdir,
@@ -283,7 +251,7 @@ def execute(command: str, timeout: float = DEFAULT_TIMEOUT_SECONDS) -> str:
     return f"{text}{'' if not text or text.endswith(chr(10)) else chr(10)}{note}"
 
 
-def _collect(proc: subprocess.Popen[bytes], fd: int, output: _HeadTail, deadline: float) -> bool:
+def _collect(proc: subprocess.Popen[bytes], fd: int, output: Output, deadline: float) -> bool:
     """Read the command's output until it ends; kill it at ``deadline``. True if it timed out."""
     os.set_blocking(fd, False)
     poller = select.poll()
@@ -307,7 +275,7 @@ def _collect(proc: subprocess.Popen[bytes], fd: int, output: _HeadTail, deadline
     return False
 
 
-def _drain(fd: int, output: _HeadTail, *, max_reads: int = 16) -> bool:
+def _drain(fd: int, output: Output, *, max_reads: int = 16) -> bool:
     """Read what the pipe holds now, up to ``max_reads`` chunks (so a command that writes
     without end cannot keep the caller from its deadline); False at EOF."""
     for _ in range(max_reads):

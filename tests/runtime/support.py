@@ -4,10 +4,13 @@ sandbox backends to test, and host process scans."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -138,3 +141,34 @@ def blocks_share_the_server_user(pool: RuntimePool) -> bool:
     """process backend with a server that is not root: blocks run as the server's own user, so
     nothing of the same user (its files, its processes, kill -1) is out of their reach."""
     return pool.sandbox == "process" and pool.sandbox_owner is None
+
+
+def in_child(body: Callable[[], Any]) -> tuple[Any, int]:
+    """Run ``body`` in a forked child: (what it returned, decoded from JSON; its wait status).
+
+    An exception in the child fails the test with the child's traceback.
+    """
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.close(read_fd)
+            try:
+                payload = {"value": body()}
+            except BaseException:
+                payload = {"error": traceback.format_exc()}
+            data = json.dumps(payload).encode()
+            while data:
+                data = data[os.write(write_fd, data) :]
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as reader:
+        data = reader.read()
+    _, status = os.waitpid(pid, 0)
+    if not data:
+        return None, status
+    payload = json.loads(data)
+    if "error" in payload:
+        pytest.fail(f"the child failed:\n{payload['error']}")
+    return payload["value"], status

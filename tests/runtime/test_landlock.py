@@ -8,7 +8,6 @@ Landlock's), restricts the child and tries again; the parent asserts.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import signal
 import socket
@@ -17,7 +16,6 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,43 +23,13 @@ from typing import Any
 import pytest
 
 from app.runtime import landlock
+from tests.runtime.support import in_child
 
 ABI = landlock.abi()
 pytestmark = pytest.mark.skipif(ABI < 1, reason="Landlock is not available in this kernel")
 
 # What a child needs to run programs: the system's and Python's files, read-only.
 _SYSTEM = ("/usr", "/bin", "/lib", "/lib64", "/etc/ld.so.cache", sys.base_prefix, sys.prefix)
-
-
-def in_child(body: Callable[[], Any]) -> tuple[Any, int]:
-    """Run ``body`` in a forked child: (what it returned, decoded from JSON; its wait status).
-
-    An exception in the child fails the test with the child's traceback.
-    """
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        try:
-            os.close(read_fd)
-            try:
-                payload = {"value": body()}
-            except BaseException:
-                payload = {"error": traceback.format_exc()}
-            data = json.dumps(payload).encode()
-            while data:
-                data = data[os.write(write_fd, data) :]
-        finally:
-            os._exit(0)
-    os.close(write_fd)
-    with os.fdopen(read_fd, "rb") as reader:
-        data = reader.read()
-    _, status = os.waitpid(pid, 0)
-    if not data:
-        return None, status
-    payload = json.loads(data)
-    if "error" in payload:
-        pytest.fail(f"the child failed:\n{payload['error']}")
-    return payload["value"], status
 
 
 def outcome(action: Callable[[], object]) -> str:

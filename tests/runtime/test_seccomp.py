@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import json
 import mmap
 import multiprocessing
 import os
@@ -22,13 +21,13 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from app.runtime import seccomp
+from tests.runtime.support import in_child
 
 pytestmark = pytest.mark.skipif(
     (why := seccomp.available()) is not None, reason=f"seccomp filters unavailable: {why}"
@@ -114,37 +113,6 @@ _DENIED_CALLS: dict[str, tuple[Any, ...]] = {
     "syslog": (-1, _NULL, 0),
     "personality": (0x0040000,),  # ADDR_NO_RANDOMIZE
 }
-
-
-def in_child(body: Callable[[], Any]) -> tuple[Any, int]:
-    """Run ``body`` in a forked child: (what it returned, decoded from JSON; its wait status).
-
-    An exception in the child fails the test with the child's traceback.
-    """
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        try:
-            os.close(read_fd)
-            try:
-                payload = {"value": body()}
-            except BaseException:
-                payload = {"error": traceback.format_exc()}
-            data = json.dumps(payload).encode()
-            while data:
-                data = data[os.write(write_fd, data) :]
-        finally:
-            os._exit(0)
-    os.close(write_fd)
-    with os.fdopen(read_fd, "rb") as reader:
-        data = reader.read()
-    _, status = os.waitpid(pid, 0)
-    if not data:
-        return None, status
-    payload = json.loads(data)
-    if "error" in payload:
-        pytest.fail(f"the child failed:\n{payload['error']}")
-    return payload["value"], status
 
 
 @pytest.fixture(scope="module")
