@@ -14,7 +14,9 @@ from app.conversations.service import ConversationService
 from app.kit.db import Session
 from app.kit.errors import PreconditionFailed, Problem
 from app.kit.idempotency import Idempotency, fingerprint
+from app.kit.json_body import StrictJSONRoute
 from app.models import Conversation
+from app.models.message import SEQ_MAX
 
 ConversationId = Annotated[str, Path(max_length=64, description="A conversation id (`conv_…`).")]
 
@@ -26,7 +28,12 @@ ERRORS = {
 TOOL_RESULT_ERRORS = {
     code: {"model": Problem, "content": {"application/problem+json": {}}} for code in (410, 412)
 }
-router = APIRouter(prefix="/v1/conversations", tags=["conversations"], responses=ERRORS)  # type: ignore[arg-type]
+router = APIRouter(
+    prefix="/v1/conversations",
+    tags=["conversations"],
+    responses=ERRORS,  # type: ignore[arg-type]
+    route_class=StrictJSONRoute,
+)
 
 
 def get_service(request: Request, session: Session) -> ConversationService:
@@ -200,7 +207,9 @@ async def list_messages(
     conversation_id: ConversationId,
     tenant: Tenant,
     service: Service,
-    after: Annotated[int, Query(ge=-1, description="Return messages with seq greater than this.")] = -1,
+    after: Annotated[
+        int, Query(ge=-1, le=SEQ_MAX, description="Return messages with seq greater than this.")
+    ] = -1,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> schemas.MessageList:
     """The transcript, oldest first, paginated by `seq`."""

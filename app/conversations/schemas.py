@@ -7,9 +7,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from app.kit.json_body import INT64_MAX, INT64_MIN
 from app.orchestrator.messages import Part
 
 MetadataValue = str | int | float | bool | None
+METADATA_KEY_CHARS = 64
+METADATA_VALUE_CHARS = 512
 
 
 class _Request(BaseModel):
@@ -19,6 +22,21 @@ class _Request(BaseModel):
 def _non_blank(value: str) -> str:
     if not value.strip():
         raise ValueError("must not be empty or whitespace")
+    return value
+
+
+def _bounded_metadata(value: Any) -> Any:
+    """Metadata keys and strings of bounded length, integers in 64 bits (checked before pydantic,
+    which would otherwise turn an integer too large for ``int`` into a float)."""
+    if not isinstance(value, dict):
+        return value
+    for key, item in value.items():
+        if isinstance(key, str) and len(key) > METADATA_KEY_CHARS:
+            raise ValueError(f"key {key[:20]!r}…: keys are at most {METADATA_KEY_CHARS} characters")
+        if isinstance(item, str) and len(item) > METADATA_VALUE_CHARS:
+            raise ValueError(f"{key!r}: string values are at most {METADATA_VALUE_CHARS} characters")
+        if isinstance(item, int) and not isinstance(item, bool) and not INT64_MIN <= item <= INT64_MAX:
+            raise ValueError(f"{key!r}: integers must fit in 64 bits (-2**63 to 2**63 - 1)")
     return value
 
 
@@ -76,7 +94,12 @@ class CreateConversation(_Request):
     )
     model: str | None = Field(default=None, max_length=200, description="Override the model.")
     metadata: dict[str, MetadataValue] = Field(
-        default_factory=dict, max_length=64, description="Free-form labels, returned as given."
+        default_factory=dict,
+        max_length=64,
+        description=(
+            f"Free-form labels, returned as given: keys up to {METADATA_KEY_CHARS} characters, strings "
+            f"up to {METADATA_VALUE_CHARS}, integers in 64 bits."
+        ),
     )
     max_iterations: int | None = Field(
         default=None, ge=1, le=100, description="Model calls per turn before it fails."
@@ -88,6 +111,7 @@ class CreateConversation(_Request):
     )
 
     _input = field_validator("input")(_non_blank)
+    _metadata = field_validator("metadata", mode="before")(_bounded_metadata)
 
 
 class PostMessage(_Request):

@@ -10,10 +10,12 @@ from app.auth.dependencies import Tenant
 from app.files.repository import FileRepository
 from app.kit.db import Session
 from app.kit.errors import NotFound, Problem
+from app.kit.json_body import StrictJSONRoute
 
 router = APIRouter(
     prefix="/v1/files",
     tags=["files"],
+    route_class=StrictJSONRoute,
     responses={
         code: {"model": Problem, "content": {"application/problem+json": {}}} for code in (401, 404, 422)
     },

@@ -11,6 +11,9 @@ from sqlalchemy.orm import Mapped, mapped_column
 from app.kit.clock import utcnow
 from app.kit.db import Base
 
+# ``seq`` is a 32-bit INTEGER column: a query bound past this is refused (422), never sent to the store.
+SEQ_MAX = 2**31 - 1
+
 
 class Message(Base):
     __tablename__ = "messages"

@@ -9,6 +9,7 @@ from fastapi.concurrency import run_in_threadpool
 
 from app.auth.dependencies import Tenant
 from app.kit.errors import NotFound, Problem
+from app.kit.json_body import StrictJSONRoute
 from app.personas import schemas, service
 from app.personas.models import Persona
 
@@ -16,7 +17,12 @@ PersonaName = Annotated[str, Path(max_length=64, description="A persona name, e.
 
 ERRORS = {code: {"model": Problem, "content": {"application/problem+json": {}}} for code in (401, 404, 422)}
 
-router = APIRouter(prefix="/v1/personas", tags=["personas"], responses=ERRORS)  # type: ignore[arg-type]
+router = APIRouter(
+    prefix="/v1/personas",
+    tags=["personas"],
+    responses=ERRORS,  # type: ignore[arg-type]
+    route_class=StrictJSONRoute,
+)
 
 
 def _personas(request: Request) -> dict[str, Persona]:

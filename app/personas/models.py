@@ -15,11 +15,10 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from app.personas.tooldoc import render_tool
+from app.tools.schema import compile_schema
 
 ExecutionMode = Literal["internal", "external"]
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
@@ -151,11 +150,7 @@ class CustomTool(_Strict):
     @field_validator("parameters")
     @classmethod
     def _parameters(cls, schema: dict[str, Any]) -> dict[str, Any]:
-        try:
-            Draft202012Validator.check_schema(schema)
-        except SchemaError as exc:
-            where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
-            raise ValueError(f"not a valid JSON Schema at {where}: {exc.message}") from None
+        compile_schema(schema)  # its SchemaProblem (a ValueError) says what is wrong and where
         if schema.get("type") != "object":
             raise ValueError('must be a JSON Schema of type "object" (one property per argument)')
         for prop in schema.get("properties", {}):

@@ -6,19 +6,17 @@ calling one pauses the turn. Each tool renders its documentation as a Python sig
 
 from __future__ import annotations
 
-import functools
-import json
 import keyword
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
+from jsonschema.protocols import Validator
 
 from app.personas.tooldoc import render_tool
 from app.runtime.protocol import bind_params
 from app.runtime.schemas import SandboxTool
+from app.tools.schema import SchemaProblem, argument_errors, compile_schema
 
 ExecutionMode = Literal["internal", "external"]
 
@@ -42,7 +40,7 @@ class Tool:
     handler: ToolHandler | None = field(default=None, compare=False, hash=False)
     # Internal tools that run inside the sandbox, next to the code (a persona's Python function).
     sandbox: SandboxTool | None = field(default=None, compare=False, hash=False)
-    _validator: Draft202012Validator = field(repr=False, compare=False, hash=False, default=None)  # type: ignore[assignment]
+    _validator: Validator = field(repr=False, compare=False, hash=False, default=None)  # type: ignore[assignment]
 
     @property
     def param_names(self) -> list[str]:
@@ -59,14 +57,10 @@ class Tool:
 
     def validate_arguments(self, arguments: Mapping[str, Any]) -> str | None:
         """None when ``arguments`` fit the schema, else a message the model can act on."""
-        validator = self._validator or Draft202012Validator(dict(self.parameters))
-        errors = sorted(validator.iter_errors(dict(arguments)), key=lambda e: list(e.path))
-        if not errors:
+        validator = self._validator or compile_schema(self.parameters)
+        described = argument_errors(validator, dict(arguments))
+        if not described:
             return None
-        described = []
-        for error in errors[:5]:
-            where = ".".join(str(p) for p in error.path)
-            described.append(f"{where}: {error.message}" if where else error.message)
         return f"{self.name}(): invalid arguments: " + "; ".join(described)
 
 
@@ -80,18 +74,17 @@ def make_tool(
     handler: ToolHandler | None = None,
     sandbox: SandboxTool | None = None,
 ) -> Tool:
-    """Check a tool definition (identifier name, not reserved, valid JSON Schema) and build it."""
+    """Check a tool definition (identifier name, not reserved, a JSON Schema SABRE can apply safely,
+    see app/tools/schema.py) and build it."""
     if not name.isidentifier() or keyword.iskeyword(name):
         raise ToolDefinitionError(f"tool {name!r}: the name must be a valid Python identifier")
     if name in set(reserved):
         raise ToolDefinitionError(f"tool {name!r}: the name is taken by a built-in helper")
     schema = dict(parameters) if parameters is not None else {"type": "object", "properties": {}}
     try:
-        validator = _validator_for(json.dumps(schema, sort_keys=True, default=str))
-    except SchemaError as exc:
-        raise ToolDefinitionError(
-            f"tool {name!r}: parameters is not a valid JSON Schema: {exc.message}"
-        ) from exc
+        validator = compile_schema(schema)
+    except SchemaProblem as exc:
+        raise ToolDefinitionError(f"tool {name!r}: parameters: {exc}") from exc
     if schema.get("type", "object") != "object":
         raise ToolDefinitionError(f"tool {name!r}: parameters must be a JSON Schema of type 'object'")
     if not isinstance(schema.get("properties", {}), dict):
@@ -105,15 +98,6 @@ def make_tool(
         sandbox=sandbox,
         _validator=validator,
     )
-
-
-@functools.lru_cache(maxsize=2048)
-def _validator_for(schema_json: str) -> Draft202012Validator:
-    """A checked validator per distinct schema: checking a schema against the meta-schema costs
-    milliseconds, and the same tools come back on every turn of a conversation."""
-    schema = json.loads(schema_json)
-    Draft202012Validator.check_schema(schema)
-    return Draft202012Validator(schema)
 
 
 class ToolRegistry:

@@ -1,0 +1,140 @@
+"""The JSON the API accepts: RFC 8259 (finite numbers only), nested at most ``MAX_DEPTH`` levels.
+
+Python's ``json`` reads ``NaN``, ``Infinity`` and ``1e400`` (as inf), which the store would keep as
+non-standard JSON (PostgreSQL refuses it outright), and a body nested thousands of levels deep fails
+with a RecursionError wherever it is walked next. Routers parse bodies through ``StrictJSONRoute``,
+so both are a 422 before endpoint code runs; ``nesting_path`` bounds other caller JSON (tool schemas).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from collections.abc import Callable, Coroutine
+from typing import Any, Final, NoReturn
+
+from fastapi import Request, Response
+from fastapi.routing import APIRoute
+
+from app.kit.errors import Unprocessable
+
+MAX_DEPTH: Final = 64
+INT64_MIN: Final = -(2**63)
+INT64_MAX: Final = 2**63 - 1
+
+Path = list[str | int]
+
+
+def nesting_path(value: Any, *, limit: int = MAX_DEPTH) -> Path | None:
+    """The path to the first array or object nested deeper than ``limit`` levels, else None.
+
+    Iterative, so any depth is safe to check; only containers are visited.
+    """
+    if not isinstance(value, dict | list):
+        return None
+    # Each entry: a container, its depth, and its path as a linked list (key, parent link).
+    stack: list[tuple[Any, int, tuple[Any, ...] | None]] = [(value, 1, None)]
+    while stack:
+        node, depth, link = stack.pop()
+        if depth > limit:
+            path: Path = []
+            while link is not None:
+                path.append(link[0])
+                link = link[1]
+            return path[::-1]
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, child in items:
+            if isinstance(child, dict | list):
+                stack.append((child, depth + 1, (key, link)))
+    return None
+
+
+def too_deep(what: str, path: Path | None = None) -> Unprocessable:
+    """The 422 for JSON nested past ``MAX_DEPTH``, showing where (abridged) when known."""
+    where = ""
+    if path:
+        shown = ".".join(str(part) for part in path[:12])
+        where = f" at {shown}{'.…' if len(path) > 12 else ''}"
+    return Unprocessable(
+        f"{what} nests deeper than {MAX_DEPTH} levels{where}.",
+        extra={
+            "errors": [
+                {"loc": path or [], "msg": f"nested deeper than {MAX_DEPTH} levels", "type": "json_depth"}
+            ]
+        },
+    )
+
+
+def _not_a_number(token: str) -> NoReturn:
+    raise Unprocessable(
+        f"The request body is not RFC 8259 JSON: {token[:40]} is not a finite number.",
+        extra={"errors": [{"loc": [], "msg": f"{token[:40]} is not a JSON number", "type": "json_number"}]},
+    )
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        _not_a_number(text)
+    return value
+
+
+def loads(data: bytes | str) -> Any:
+    """Parse a request body as RFC 8259 JSON of bounded depth; ``Unprocessable`` when it is not.
+
+    Malformed JSON still raises ``ValueError`` (``json.JSONDecodeError``), as ``json.loads`` does.
+    """
+    try:
+        value = json.loads(data, parse_constant=_not_a_number, parse_float=_finite_float)
+    except RecursionError:
+        raise too_deep("The JSON body") from None
+    # Cheap pre-check: a body with few brackets cannot nest deeply.
+    opened = (
+        data.count(b"[") + data.count(b"{") if isinstance(data, bytes) else data.count("[") + data.count("{")
+    )
+    if opened > MAX_DEPTH:
+        path = nesting_path(value)
+        if path is not None:
+            raise too_deep("The JSON body", path)
+    return value
+
+
+class StrictJSONRequest(Request):
+    """A request whose ``json()`` is ``loads``: the one JSON parser of the API's bodies."""
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            self._json = loads(await self.body())
+        return self._json
+
+
+def _declares_json(content_type: str | None) -> bool:
+    """Whether FastAPI reads this body as JSON: no content type, application/json or …+json."""
+    if not content_type:
+        return True
+    mime = content_type.split(";", 1)[0].strip().lower()
+    return mime == "application/json" or (mime.startswith("application/") and mime.endswith("+json"))
+
+
+class StrictJSONRoute(APIRoute):
+    """The route class of every API router: bodies are parsed by ``loads`` before the endpoint runs.
+
+    The body is parsed here, outside FastAPI's body handling (which turns any parser exception into
+    a bare 400), so a non-finite number or a too-deep body is a 422 problem+json; FastAPI then reuses
+    the parsed value. Malformed JSON is left to FastAPI, which answers it as before (400 invalid_json).
+    """
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+        if self.body_field is None:
+            return handler
+
+        async def strict_handler(request: Request) -> Response:
+            request = StrictJSONRequest(request.scope, request.receive)
+            if _declares_json(request.headers.get("content-type")) and await request.body():
+                with contextlib.suppress(ValueError):  # malformed: FastAPI parses it again, reports it
+                    await request.json()
+            return await handler(request)
+
+        return strict_handler
