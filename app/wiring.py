@@ -1,0 +1,229 @@
+"""The resources one SABRE process shares between requests and jobs, opened and closed together.
+
+The API's lifespan and ``sabre worker`` open the same set (store, Redis, locks, personas, MCP, the
+sandbox pool, the LLM client, the turn loop), so a turn runs the same wherever it runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Literal
+
+import structlog
+from redis.asyncio import Redis
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from app.auth.repository import ApiKeyRepository
+from app.auth.service import Authenticator
+from app.config import Settings, is_loopback
+from app.conversations.locks import ConversationLocks, DatabaseLocks, RedisLocks
+from app.helpers.net import FetchLimits
+from app.kit import migrate
+from app.kit.datadir import secure_data_dir
+from app.kit.db import create_engine, create_sessionmaker
+from app.kit.redis import create_redis
+from app.llm import make_llm_client
+from app.llm.base import LLMClient
+from app.orchestrator.loop import TurnLoop
+from app.personas.models import Persona
+from app.personas.service import load_configured_personas
+from app.runtime import RuntimePool
+from app.runtime.isolation import Backend
+from app.tools.mcp import McpConfigError, McpManager, unconfigured_references
+
+log = structlog.get_logger(__name__)
+
+Role = Literal["api", "worker"]
+
+
+class StartupError(RuntimeError):
+    """The service refuses to start; the message says why and how to fix it."""
+
+
+@dataclass(slots=True)
+class Resources:
+    """What a process opens once and every request or job of it uses."""
+
+    settings: Settings
+    engine: AsyncEngine
+    sessionmaker: async_sessionmaker[AsyncSession]
+    redis: Redis | None
+    locks: ConversationLocks
+    personas: dict[str, Persona]
+    authenticator: Authenticator
+    pool: RuntimePool
+    mcp: McpManager
+    llm: LLMClient
+    turn_loop: TurnLoop
+
+
+@asynccontextmanager
+async def open_resources(settings: Settings, *, role: Role = "api") -> AsyncIterator[Resources]:
+    """Open every shared resource of one process (an API server or a ``sabre worker``), close them
+    on exit; ``StartupError`` says why the process must not start."""
+    static_keys = settings.static_api_keys()
+    personas = load_configured_personas(settings)
+    mcp = _mcp_manager(settings, personas=personas.values())
+
+    secure_data_dir(settings.data_dir)
+    if settings.is_sqlite:
+        # The embedded store upgrades itself; PostgreSQL is upgraded with `sabre migrate`.
+        await migrate.upgrade(settings.effective_database_url)
+    engine = create_engine(settings.effective_database_url, pre_ping=settings.database_pre_ping)
+    sessionmaker = create_sessionmaker(engine)
+
+    async with sessionmaker() as session:
+        stored_keys = await ApiKeyRepository(session).count_live()
+    open_mode = not static_keys and stored_keys == 0
+    if open_mode and not is_loopback(settings.host):
+        await engine.dispose()
+        raise StartupError(
+            f"No API keys are configured, so SABRE only listens on a loopback address, not "
+            f"{settings.host!r}. Set SABRE_API_KEYS=tenant:key or run `sabre keys create`."
+        )
+
+    # Off a keyless loopback-only server, blocks never run without namespaces unless
+    # SABRE_SANDBOX=process says so: auto refuses to fall back.
+    namespaces_required = _namespaces_required(settings, open_mode=open_mode)
+    pool = RuntimePool(
+        size=settings.runtime_workers,
+        preload=settings.preload_modules,
+        sandbox=settings.sandbox,
+        workspaces=settings.workspaces_dir,
+        park_seconds=settings.runtime_park_seconds,
+        fallback=namespaces_required is None,
+        bwrap=None if settings.bwrap_path is None else str(settings.bwrap_path),
+    )
+    try:
+        await pool.start()
+    except RuntimeError as exc:
+        await engine.dispose()
+        raise StartupError(_sandbox_problem(settings, pool, exc, namespaces_required)) from exc
+    if pool.fallback_reason is not None:
+        log.warning(
+            "sandbox_fallback_to_process",
+            reason=pool.fallback_reason,
+            allowed_because="no API keys are configured and SABRE_HOST is a loopback address",
+            consequence=(
+                "blocks run without namespaces; with API keys or another address SABRE refuses to "
+                "start until bubblewrap works (README, Sandbox)"
+            ),
+        )
+
+    redis: Redis | None = create_redis(settings.redis_url) if settings.redis_url else None
+    locks: ConversationLocks = (
+        RedisLocks(redis, lease_seconds=settings.lock_lease_seconds)
+        if redis is not None
+        else DatabaseLocks(sessionmaker, lease_seconds=settings.lock_lease_seconds)
+    )
+    llm = make_llm_client(
+        api=settings.llm_api,
+        base_url=settings.openai_base_url,
+        api_key=settings.openai_api_key.get_secret_value() if settings.openai_api_key else None,
+        timeout=settings.llm_timeout_seconds,
+        max_retries=settings.llm_max_retries,
+        retry_base_delay=settings.llm_retry_base_delay,
+    )
+
+    resources = Resources(
+        settings=settings,
+        engine=engine,
+        sessionmaker=sessionmaker,
+        redis=redis,
+        locks=locks,
+        personas=personas,
+        authenticator=Authenticator(static_keys=static_keys, open_mode=open_mode),
+        pool=pool,
+        mcp=mcp,
+        llm=llm,
+        turn_loop=TurnLoop(
+            llm=llm,
+            pool=pool,
+            max_output_chars=settings.max_output_chars,
+            images=settings.llm_images,
+            fetch_limits=FetchLimits.from_settings(settings),
+        ),
+    )
+    log.info(
+        "sabre_started",
+        role=role,
+        store="sqlite" if settings.is_sqlite else "postgresql",
+        redis=redis is not None,
+        auth="open (loopback only)" if open_mode else "api keys",
+        llm_api=settings.llm_api,
+        sandbox=pool.sandbox,
+        **({"sandbox_reason": pool.fallback_reason} if pool.fallback_reason is not None else {}),
+    )
+    try:
+        yield resources
+    finally:
+        await mcp.aclose()
+        await pool.aclose()
+        await llm.aclose()
+        if redis is not None:
+            await redis.aclose()
+        await engine.dispose()
+
+
+def _namespaces_required(settings: Settings, *, open_mode: bool) -> str | None:
+    """Why this server may not run blocks without namespaces (None: it may, as a keyless server
+    only this machine reaches): anyone with a key, or on the network, could then reach them."""
+    reasons: list[str] = []
+    if not open_mode:
+        reasons.append("API keys are configured")
+    if not is_loopback(settings.host):
+        reasons.append(f"SABRE_HOST={settings.host} is not a loopback address")
+    return " and ".join(reasons) or None
+
+
+def _sandbox_problem(
+    settings: Settings, pool: RuntimePool, exc: RuntimeError, namespaces_required: str | None
+) -> str:
+    """The start-up error for a sandbox that cannot start: what failed, why that stops the
+    service, and how to fix it (when choosing the backend failed; not a worker's own failure)."""
+    chosen: Backend | None
+    try:
+        chosen = pool.sandbox
+    except RuntimeError:
+        chosen = None  # bubblewrap's probe failed, so no backend was chosen
+    message = f"The sandbox cannot start: {str(exc).rstrip('.')}."
+    if chosen is not None:
+        return message
+    if settings.sandbox == "auto" and namespaces_required is not None:
+        message += (
+            " SABRE_SANDBOX=auto runs blocks without namespaces only on a server with no API keys "
+            f"that listens on loopback, and here {namespaces_required}."
+        )
+    return message + (
+        " To fix it, let unprivileged processes create user namespaces: sysctl "
+        "kernel.unprivileged_userns_clone=1 (where that setting exists), user.max_user_namespaces "
+        "above 0, kernel.apparmor_restrict_unprivileged_userns=0 (Ubuntu 23.10 and later); in a "
+        "container, run it with --security-opt seccomp=unconfined --security-opt "
+        "systempaths=unconfined (the default seccomp profile refuses unshare and the masked /proc "
+        "stops bubblewrap's own). Or set SABRE_SANDBOX=process to run blocks without namespaces, "
+        "knowingly: the network stays open to them and other conversations' files are not hidden."
+    )
+
+
+def _mcp_manager(settings: Settings, *, personas: Iterable[Persona]) -> McpManager:
+    """The MCP servers of ``mcp_servers.yaml`` (none are contacted yet: sessions open on first use).
+
+    Every ``mcp://server/tool`` of a loaded persona must name a configured server: a typo there would
+    otherwise surface only when the model first calls the tool.
+    """
+    try:
+        mcp = McpManager.from_file(
+            settings.mcp_servers,
+            required="mcp_servers" in settings.model_fields_set,
+            timeout=settings.mcp_timeout_seconds,
+        )
+    except McpConfigError as exc:
+        raise StartupError(f"Invalid MCP configuration (SABRE_MCP_SERVERS): {exc}") from exc
+    problems = unconfigured_references(personas, mcp.server_names)
+    if problems:
+        raise StartupError(
+            f"Personas use MCP servers that {settings.mcp_servers} does not configure: " + "; ".join(problems)
+        )
+    return mcp
