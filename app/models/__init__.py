@@ -2,9 +2,10 @@
 
 from app.models.api_key import ApiKey
 from app.models.conversation import Conversation
+from app.models.event import Event
 from app.models.file import StoredFile
 from app.models.idempotency import IdempotencyRecord
 from app.models.message import Message
 from app.models.turn import Turn
 
-__all__ = ["ApiKey", "Conversation", "IdempotencyRecord", "Message", "StoredFile", "Turn"]
+__all__ = ["ApiKey", "Conversation", "Event", "IdempotencyRecord", "Message", "StoredFile", "Turn"]
