@@ -96,6 +96,33 @@ class Settings(BaseSettings):
     bwrap_path: Path | None = None
 
     lock_lease_seconds: float = Field(default=120.0, gt=0)
+    # Turn events: how often a running turn writes them (a watcher sees them about this late).
+    events_flush_seconds: float = Field(default=0.05, gt=0, le=5)
+    # How often a running turn looks in the store for a cancel (how a cancel reaches it without Redis).
+    cancel_poll_seconds: float = Field(default=0.5, gt=0, le=60)
+    # A turn queued this long without a worker taking it is handed out again.
+    turn_requeue_seconds: float = Field(default=60.0, gt=0)
+    # Background jobs (README, "Background jobs and workers"). `sabre serve` runs a job worker in
+    # its own process: always on the embedded store (its jobs live in that process), and on
+    # PostgreSQL unless this is off (then run `sabre worker` processes).
+    worker_in_serve: bool = True
+    worker_concurrency: int = Field(default=8, ge=1, le=1000)  # jobs one worker runs at once
+    # On SIGTERM a worker takes no new job and waits this long for its jobs; those still running
+    # then are put back on their queue for another worker.
+    worker_shutdown_seconds: float = Field(default=20.0, ge=0)
+    # A worker silent (no heartbeat) this long is presumed dead and its jobs run again elsewhere;
+    # every worker checks for such jobs every jobs_stalled_check_seconds.
+    jobs_stalled_seconds: float = Field(default=30.0, gt=0)
+    jobs_stalled_check_seconds: int = Field(default=10, ge=1, le=59)
+
+    # Webhooks: a tenant's default URL (tenant=url,…; a conversation's webhook_url wins), the
+    # server secret each tenant's signing secret is derived from (unset: one generated and kept
+    # in the store), one delivery's timeout, and private addresses (IPs or CIDR ranges) webhook
+    # URLs may reach, which the SSRF guard otherwise refuses.
+    webhook_urls: str = ""
+    webhook_secret: SecretStr | None = None
+    webhook_timeout_seconds: float = Field(default=10.0, gt=0, le=120)
+    webhook_allow: str = ""
     tool_call_ttl_seconds: float = Field(default=24 * 3600, gt=0)
     max_tool_output_bytes: int = Field(default=1_000_000, ge=1)
 

@@ -9,20 +9,26 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Literal
+from typing import Final, Literal
 
 import structlog
+from procrastinate import App as JobApp
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from app.auth.repository import ApiKeyRepository
 from app.auth.service import Authenticator
 from app.config import Settings, is_loopback
+from app.conversations.background import recovering, run_stored_turn
+from app.conversations.control import TurnControl
 from app.conversations.locks import ConversationLocks, DatabaseLocks, RedisLocks
+from app.events import webhooks
+from app.events.bus import EventBus, LocalBus, RedisBus
 from app.helpers.net import FetchLimits
 from app.kit import migrate
 from app.kit.datadir import secure_data_dir
 from app.kit.db import create_engine, create_sessionmaker
+from app.kit.jobs import build_job_app, worker_in_process
 from app.kit.redis import create_redis
 from app.llm import make_llm_client
 from app.llm.base import LLMClient
@@ -36,6 +42,9 @@ from app.tools.mcp import McpConfigError, McpManager, unconfigured_references
 log = structlog.get_logger(__name__)
 
 Role = Literal["api", "worker"]
+
+# The domains' job tasks (app.kit.jobs): every process's job app declares them all.
+JOB_BLUEPRINTS: Final = (webhooks.blueprint,)
 
 
 class StartupError(RuntimeError):
@@ -57,6 +66,9 @@ class Resources:
     mcp: McpManager
     llm: LLMClient
     turn_loop: TurnLoop
+    bus: EventBus  # turn events and cancels, across replicas with Redis
+    control: TurnControl  # this process's running turns: cancel signals, detached tasks
+    jobs: JobApp  # the job engine (app.kit.jobs): defer jobs here; workers run them
 
 
 @asynccontextmanager
@@ -64,6 +76,7 @@ async def open_resources(settings: Settings, *, role: Role = "api") -> AsyncIter
     """Open every shared resource of one process (an API server or a ``sabre worker``), close them
     on exit; ``StartupError`` says why the process must not start."""
     static_keys = settings.static_api_keys()
+    _check_webhook_settings(settings)
     personas = load_configured_personas(settings)
     mcp = _mcp_manager(settings, personas=personas.values())
 
@@ -127,6 +140,8 @@ async def open_resources(settings: Settings, *, role: Role = "api") -> AsyncIter
         retry_base_delay=settings.llm_retry_base_delay,
     )
 
+    bus: EventBus = RedisBus(redis) if redis is not None else LocalBus()
+    control = TurnControl(bus)
     resources = Resources(
         settings=settings,
         engine=engine,
@@ -145,7 +160,12 @@ async def open_resources(settings: Settings, *, role: Role = "api") -> AsyncIter
             images=settings.llm_images,
             fetch_limits=FetchLimits.from_settings(settings),
         ),
+        bus=bus,
+        control=control,
+        jobs=build_job_app(settings, blueprints=JOB_BLUEPRINTS),
     )
+    control.run_here = lambda turn_id: run_stored_turn(resources, turn_id)
+    await control.start()
     log.info(
         "sabre_started",
         role=role,
@@ -157,14 +177,40 @@ async def open_resources(settings: Settings, *, role: Role = "api") -> AsyncIter
         **({"sandbox_reason": pool.fallback_reason} if pool.fallback_reason is not None else {}),
     )
     try:
-        yield resources
+        await resources.jobs.open_async()
+        async with recovering(resources), _job_worker(resources, role=role):
+            yield resources
     finally:
+        await resources.jobs.close_async()
+        await control.aclose()
+        await bus.aclose()
         await mcp.aclose()
         await pool.aclose()
         await llm.aclose()
         if redis is not None:
             await redis.aclose()
         await engine.dispose()
+
+
+@asynccontextmanager
+async def _job_worker(resources: Resources, *, role: Role) -> AsyncIterator[None]:
+    """The API process's own job worker: always on the embedded store (its jobs live in this
+    process), on PostgreSQL unless SABRE_WORKER_IN_SERVE is off. `sabre worker` runs its own."""
+    settings = resources.settings
+    if role == "api" and (settings.is_sqlite or settings.worker_in_serve):
+        async with worker_in_process(resources.jobs, resources=resources):
+            yield
+    else:
+        yield
+
+
+def _check_webhook_settings(settings: Settings) -> None:
+    """SABRE_WEBHOOK_URLS and SABRE_WEBHOOK_ALLOW parse, or the service does not start."""
+    try:
+        webhooks.default_webhook_urls(settings)
+        webhooks.webhook_policy(settings)
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
 
 
 def _namespaces_required(settings: Settings, *, open_mode: bool) -> str | None:

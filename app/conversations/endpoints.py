@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response, status
@@ -10,12 +11,18 @@ from fastapi.responses import JSONResponse
 
 from app.auth.dependencies import Tenant
 from app.conversations import schemas
+from app.conversations.background import service_for
+from app.conversations.repository import ConversationRepository
 from app.conversations.service import ConversationService
+from app.events.repository import EventRepository
+from app.events.schemas import END_TYPES, EventList, EventOut
+from app.events.sse import event_stream
+from app.events.stream import CutOff, Heartbeat, follow, stored_page
 from app.kit.db import Session
-from app.kit.errors import PreconditionFailed, Problem
+from app.kit.errors import BadRequest, NotFound, PreconditionFailed, Problem
 from app.kit.idempotency import Idempotency, fingerprint
 from app.kit.json_body import StrictJSONRoute
-from app.models import Conversation
+from app.models import Conversation, Turn
 from app.models.message import SEQ_MAX
 
 ConversationId = Annotated[str, Path(max_length=64, description="A conversation id (`conv_…`).")]
@@ -38,15 +45,7 @@ router = APIRouter(
 
 def get_service(request: Request, session: Session) -> ConversationService:
     """A service bound to this request's session and the app's shared resources."""
-    state = request.app.state
-    return ConversationService(
-        session=session,
-        settings=state.settings,
-        personas=state.personas,
-        loop=state.turn_loop,
-        locks=state.locks,
-        mcp=state.mcp,
-    )
+    return service_for(request.app.state.resources, session)
 
 
 Service = Annotated[ConversationService, Depends(get_service)]
@@ -74,29 +73,97 @@ async def idempotency_for(request: Request, *, tenant: str, key: str | None) -> 
         tenant=tenant,
         key=key,
         request_hash=fingerprint(method=request.method, path=request.url.path, body=await request.body()),
+        # As short-lived as the turn lock: a dead replica's claim blocks a retry no longer than its lock.
+        lease_seconds=request.app.state.settings.lock_lease_seconds,
     )
 
 
 async def run_idempotent(
+    request: Request,
     idempotency: Idempotency | None,
     work: Callable[[Idempotency | None], Awaitable[schemas.TurnOut]],
     *,
     status_code: int,
+    body: schemas.TurnRequest,
 ) -> Response:
-    """Replay a stored response, or do the work with the key claimed (released again on failure)."""
+    """Replay a stored response, or do the work with the key claimed (released again on failure).
+
+    The claim is renewed for as long as the work runs, so it never expires under a live request.
+    A streamed request answers with the turn's events (a replayed one, with the stored events).
+    """
     if idempotency is not None:
         stored = await idempotency.begin()
         if stored is not None:
+            if body.stream and "turn_id" in stored.body:
+                return await turn_events(
+                    request,
+                    conversation_id=stored.body["conversation_id"],
+                    turn_id=stored.body["turn_id"],
+                    status_code=stored.status_code if stored.status_code != 202 else 200,
+                    headers={"Idempotent-Replayed": "true"},
+                )
             return JSONResponse(
                 stored.body, status_code=stored.status_code, headers={"Idempotent-Replayed": "true"}
             )
     try:
-        turn = await work(idempotency)
+        async with idempotency.kept_alive() if idempotency is not None else contextlib.nullcontext():
+            turn = await work(idempotency)
     except BaseException:
         if idempotency is not None:
             await idempotency.abandon()
         raise
+    location = {"Location": f"/v1/conversations/{turn.conversation_id}/turns/{turn.turn_id}"}
+    if body.stream:
+        return await turn_events(
+            request,
+            conversation_id=turn.conversation_id,
+            turn_id=turn.turn_id,
+            status_code=status_code,
+            headers=location,
+        )
+    if body.background:
+        return JSONResponse(
+            turn.model_dump(mode="json"), status_code=status.HTTP_202_ACCEPTED, headers=location
+        )
     return JSONResponse(turn.model_dump(mode="json"), status_code=status_code)
+
+
+async def turn_events(
+    request: Request,
+    *,
+    conversation_id: str,
+    turn_id: str,
+    status_code: int,
+    headers: dict[str, str] | None = None,
+) -> Response:
+    """The events of one turn as SSE, from its ``turn.started`` to its end event, live while it runs."""
+    sessionmaker = request.app.state.sessionmaker
+    async with sessionmaker() as session:
+        first = await EventRepository(session).first_seq_of_turn(
+            conversation_id=conversation_id, turn_id=turn_id
+        )
+
+    async def running() -> bool:
+        async with sessionmaker() as session:
+            turn = await session.get(Turn, turn_id)
+            return turn is not None and turn.status in ("queued", "running")
+
+    async def events() -> AsyncIterator[EventOut | Heartbeat | CutOff]:
+        async for item in follow(
+            sessionmaker=sessionmaker,
+            bus=request.app.state.bus,
+            conversation_id=conversation_id,
+            after=(first or 1) - 1,
+            mode="turn",
+            running=running,
+        ):
+            if isinstance(item, EventOut) and item.turn_id != turn_id:
+                continue
+            yield item
+            if isinstance(item, EventOut) and item.type in END_TYPES:
+                return
+
+    return event_stream(events(), status_code=status_code, headers=headers)
 
 
 async def continue_conversation(
@@ -107,6 +174,7 @@ async def continue_conversation(
     conversation_id: str,
     idempotency_key: str | None,
     if_match: str | None,
+    body: schemas.TurnRequest,
     run: Callable[[Conversation, Idempotency | None], Awaitable[schemas.TurnOut]],
 ) -> Response:
     """A turn on an existing conversation: idempotent, and conditional on ``If-Match``."""
@@ -117,7 +185,7 @@ async def continue_conversation(
         check_version(if_match, conversation.version)
         return await run(conversation, idem)
 
-    return await run_idempotent(idempotency, work, status_code=status.HTTP_200_OK)
+    return await run_idempotent(request, idempotency, work, status_code=status.HTTP_200_OK, body=body)
 
 
 def check_version(if_match: str | None, version: int) -> None:
@@ -143,9 +211,11 @@ async def create_conversation(
     """Create a conversation and run its first turn."""
     idempotency = await idempotency_for(request, tenant=tenant, key=idempotency_key)
     return await run_idempotent(
+        request,
         idempotency,
         lambda idem: service.create(tenant=tenant, body=body, idempotency=idem),
         status_code=status.HTTP_201_CREATED,
+        body=body,
     )
 
 
@@ -167,6 +237,7 @@ async def post_message(
         conversation_id=conversation_id,
         idempotency_key=idempotency_key,
         if_match=if_match,
+        body=body,
         run=lambda conversation, idem: service.post_message(conversation, body=body, idempotency=idem),
     )
 
@@ -189,6 +260,7 @@ async def submit_tool_results(
         conversation_id=conversation_id,
         idempotency_key=idempotency_key,
         if_match=if_match,
+        body=body,
         run=lambda conversation, idem: service.submit_tool_results(conversation, body=body, idempotency=idem),
     )
 
@@ -222,3 +294,125 @@ async def delete_conversation(conversation_id: ConversationId, tenant: Tenant, s
     """Delete the conversation and everything it owns."""
     await service.delete(tenant=tenant, conversation_id=conversation_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+# -- turns as resources and their events ----------------------------------------------------------
+
+TurnId = Annotated[str, Path(max_length=64, description="A turn id (`turn_…`).")]
+STREAM_DOC = {
+    200: {
+        "description": "The turn, or with `stream: true` its events as `text/event-stream`.",
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    },
+    202: {"model": schemas.TurnOut, "description": "`background: true`: the queued turn."},
+}
+
+
+@router.get("/{conversation_id}/turns", response_model=schemas.TurnList)
+async def list_turns(
+    conversation_id: ConversationId,
+    tenant: Tenant,
+    service: Service,
+    before: Annotated[str | None, Query(max_length=64, description="A turn id: older turns.")] = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+) -> schemas.TurnList:
+    """The conversation's turns, newest first."""
+    conversation = await service.get(tenant=tenant, conversation_id=conversation_id)
+    return await service.list_turns(conversation, before=before, limit=limit)
+
+
+@router.get("/{conversation_id}/turns/{turn_id}", response_model=schemas.TurnOut)
+async def get_turn(
+    conversation_id: ConversationId, turn_id: TurnId, tenant: Tenant, service: Service
+) -> schemas.TurnOut:
+    """One turn: queued, running, or how it ended."""
+    conversation = await service.get(tenant=tenant, conversation_id=conversation_id)
+    return await service.get_turn(conversation, turn_id=turn_id)
+
+
+@router.post(
+    "/{conversation_id}/turns/{turn_id}/cancel",
+    response_model=schemas.TurnOut,
+    responses={409: {"model": Problem, "content": {"application/problem+json": {}}}},
+)
+async def cancel_turn(
+    conversation_id: ConversationId,
+    turn_id: TurnId,
+    tenant: Tenant,
+    service: Service,
+    wait: Annotated[float, Query(ge=0, le=30, description="Seconds to wait for the turn to stop.")] = 10,
+) -> Response:
+    """Stop a queued or running turn wherever it runs: the model call is abandoned, the block is
+    killed, and the turn ends ``cancelled`` with what it had done so far stored. 200 with the
+    cancelled turn (again on a repeated cancel), 202 if it has not stopped within ``wait`` seconds,
+    409 if it had already ended otherwise."""
+    conversation = await service.get(tenant=tenant, conversation_id=conversation_id)
+    turn = await service.cancel_turn(conversation, turn_id=turn_id, wait=wait)
+    code = status.HTTP_200_OK if turn.status == "cancelled" else status.HTTP_202_ACCEPTED
+    return JSONResponse(turn.model_dump(mode="json"), status_code=code)
+
+
+@router.get(
+    "/{conversation_id}/events",
+    response_model=EventList,
+    responses={
+        200: {
+            "description": "A page of events, or with `Accept: text/event-stream` the events as SSE.",
+            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        },
+        400: {"model": Problem, "content": {"application/problem+json": {}}},
+    },
+)
+async def list_events(
+    request: Request,
+    conversation_id: ConversationId,
+    tenant: Tenant,
+    service: Service,
+    after: Annotated[int, Query(ge=0, le=SEQ_MAX, description="Events with seq greater than this.")] = 0,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    follow_mode: Annotated[
+        bool,
+        Query(alias="follow", description="SSE: stay open across turns (heartbeat every 15 s)."),
+    ] = False,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=20)] = None,
+) -> Response:
+    """The conversation's events in order. As JSON, one page after ``after``; as SSE
+    (``Accept: text/event-stream``), what is stored after ``Last-Event-ID`` (or ``after``), then the
+    running turn live until its end event (``follow=true``: every later turn too)."""
+    conversation = await service.get(tenant=tenant, conversation_id=conversation_id)
+    sessionmaker = request.app.state.sessionmaker
+    if last_event_id is not None:
+        if not last_event_id.strip().isdigit() or int(last_event_id) > SEQ_MAX:
+            raise BadRequest(f"Last-Event-ID {last_event_id!r} is not an event seq of this conversation.")
+        after = int(last_event_id)
+    async with sessionmaker() as session:
+        last = await EventRepository(session).last_seq(conversation_id=conversation.id)
+    if after > last:
+        raise NotFound(f"No event {after} on this conversation yet (its last is {last}).")
+    if "text/event-stream" not in request.headers.get("accept", ""):
+        page = await stored_page(sessionmaker, conversation_id=conversation.id, after=after, limit=limit + 1)
+        return JSONResponse(
+            EventList(
+                data=page[:limit],
+                has_more=len(page) > limit,
+                next_after=page[limit - 1].seq if len(page) > limit else None,
+            ).model_dump(mode="json")
+        )
+    locks = request.app.state.locks
+
+    async def running() -> bool:
+        if await locks.holder(conversation.id) is not None:
+            return True
+        async with sessionmaker() as session:
+            return await ConversationRepository(session).has_active_turn(conversation_id=conversation.id)
+
+    return event_stream(
+        follow(
+            sessionmaker=sessionmaker,
+            bus=request.app.state.bus,
+            conversation_id=conversation.id,
+            after=after,
+            mode="forever" if follow_mode else "turn",
+            running=running,
+        )
+    )

@@ -6,10 +6,10 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, insert, or_, select, update
+from sqlalchemy import and_, delete, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.models import Conversation, Message, StoredFile, Turn
+from app.models import Conversation, Event, Message, StoredFile, Turn
 
 
 class ConversationRepository:
@@ -33,6 +33,7 @@ class ConversationRepository:
         """Delete a conversation and everything it owns (messages and turns cascade)."""
         await self.session.execute(delete(Message).where(Message.conversation_id == conversation.id))
         await self.session.execute(delete(Turn).where(Turn.conversation_id == conversation.id))
+        await self.session.execute(delete(Event).where(Event.conversation_id == conversation.id))
         await self.session.execute(delete(StoredFile).where(StoredFile.conversation_id == conversation.id))
         await self.session.delete(conversation)
 
@@ -116,3 +117,103 @@ class ConversationRepository:
             .values(lock_turn_id=None, lock_expires_at=None)
             .execution_options(synchronize_session=False)
         )
+
+    # -- turns as resources ----------------------------------------------------------------------
+
+    async def turn(self, *, conversation_id: str, turn_id: str) -> Turn | None:
+        """A turn of the conversation (the conversation was already checked against the tenant)."""
+        result = await self.session.execute(
+            select(Turn).where(Turn.id == turn_id, Turn.conversation_id == conversation_id)
+        )
+        return result.scalar_one_or_none()
+
+    async def turns(self, *, conversation_id: str, before: Turn | None, limit: int) -> list[Turn]:
+        """Turns newest first, those created before ``before`` when given."""
+        query = select(Turn).where(Turn.conversation_id == conversation_id)
+        if before is not None:
+            query = query.where(
+                or_(
+                    Turn.created_at < before.created_at,
+                    and_(Turn.created_at == before.created_at, Turn.id < before.id),
+                )
+            )
+        result = await self.session.execute(
+            query.order_by(Turn.created_at.desc(), Turn.id.desc()).limit(limit)
+        )
+        return list(result.scalars())
+
+    async def claim_turn(self, *, turn_id: str, owner: str, now: datetime, until: datetime) -> bool:
+        """Take a stored turn to run it: queued, or running under a lease that expired."""
+        result = await self.session.execute(
+            update(Turn)
+            .where(
+                Turn.id == turn_id,
+                Turn.request.is_not(None),
+                or_(Turn.status == "queued", and_(Turn.status == "running", Turn.lease_expires_at < now)),
+            )
+            .values(status="running", lease_owner=owner, lease_expires_at=until, started_at=now)
+            .execution_options(synchronize_session=False)
+        )
+        return bool(getattr(result, "rowcount", 0))
+
+    async def renew_turn(self, *, turn_id: str, owner: str, until: datetime) -> bool:
+        """Extend the lease of a turn this process runs; False once another took it over."""
+        result = await self.session.execute(
+            update(Turn)
+            .where(Turn.id == turn_id, Turn.lease_owner == owner, Turn.status == "running")
+            .values(lease_expires_at=until)
+            .execution_options(synchronize_session=False)
+        )
+        return bool(getattr(result, "rowcount", 0))
+
+    async def request_cancel(self, *, turn_id: str, now: datetime) -> None:
+        """Mark a queued or running turn to be cancelled (its runner stops it, wherever it runs)."""
+        await self.session.execute(
+            update(Turn)
+            .where(
+                Turn.id == turn_id, Turn.status.in_(("queued", "running")), Turn.cancel_requested_at.is_(None)
+            )
+            .values(cancel_requested_at=now)
+            .execution_options(synchronize_session=False)
+        )
+
+    async def cancel_requested(self, *, turn_id: str) -> bool:
+        result = await self.session.execute(select(Turn.cancel_requested_at).where(Turn.id == turn_id))
+        return result.scalar_one_or_none() is not None
+
+    async def finish_unclaimed(self, *, turn_id: str, status: str, now: datetime) -> bool:
+        """End a turn nobody runs (queued, or running under an expired lease) without running it."""
+        result = await self.session.execute(
+            update(Turn)
+            .where(
+                Turn.id == turn_id,
+                or_(Turn.status == "queued", and_(Turn.status == "running", Turn.lease_expires_at < now)),
+            )
+            .values(status=status, finished_at=now, lease_owner=None, lease_expires_at=None)
+            .execution_options(synchronize_session=False)
+        )
+        return bool(getattr(result, "rowcount", 0))
+
+    async def stale_turns(self, *, now: datetime, queued_before: datetime, limit: int = 100) -> list[Turn]:
+        """Turns whose runner is gone (running, lease expired) or that waited too long in the queue."""
+        result = await self.session.execute(
+            select(Turn)
+            .where(
+                or_(
+                    and_(Turn.status == "running", Turn.lease_expires_at < now),
+                    and_(Turn.status == "queued", Turn.created_at < queued_before),
+                )
+            )
+            .order_by(Turn.created_at)
+            .limit(limit)
+        )
+        return list(result.scalars())
+
+    async def has_active_turn(self, *, conversation_id: str) -> bool:
+        """Whether a turn of the conversation is queued or running (by its row)."""
+        result = await self.session.execute(
+            select(Turn.id)
+            .where(Turn.conversation_id == conversation_id, Turn.status.in_(("queued", "running")))
+            .limit(1)
+        )
+        return result.first() is not None

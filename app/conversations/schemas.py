@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from app.events.webhooks import URL_MAX_CHARS, check_webhook_url
 from app.kit.json_body import INT64_MAX, INT64_MIN
 from app.orchestrator.messages import Part
 
@@ -17,6 +18,25 @@ METADATA_VALUE_CHARS = 512
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class TurnRequest(_Request):
+    """How the caller takes the turn a POST starts: waited for (default), streamed, or detached."""
+
+    stream: bool = Field(
+        default=False,
+        description="Answer `text/event-stream`: the turn's events as they happen, ending with its end "
+        "event. The turn keeps running if the client goes away.",
+    )
+    background: bool = Field(
+        default=False,
+        description="Answer 202 with the queued Turn at once and run it on a job worker; poll "
+        "`GET .../turns/{turn_id}` or follow `GET .../events`. With `stream`, the events are streamed.",
+    )
+
+
+def _webhook_url_shape(value: str | None) -> str | None:
+    return None if value is None else check_webhook_url(value)
 
 
 def _non_blank(value: str) -> str:
@@ -82,7 +102,7 @@ class ToolIn(BaseModel):
         )
 
 
-class CreateConversation(_Request):
+class CreateConversation(TurnRequest):
     """Start a conversation and run its first turn."""
 
     input: str = Field(description="The user's first message.")
@@ -109,12 +129,21 @@ class CreateConversation(_Request):
         max_length=128,
         description="External tools the caller runs: calling one pauses the turn with pending_tool_calls.",
     )
+    webhook_url: str | None = Field(
+        default=None,
+        max_length=URL_MAX_CHARS,
+        description="POST the end of every turn here (turn.completed, turn.awaiting_tool_results, "
+        "turn.failed, turn.cancelled), signed the Standard Webhooks way with the tenant's secret; "
+        "unset: the tenant's default, if any. An http or https URL without credentials; a private or "
+        "loopback address is refused at delivery unless the server allows it.",
+    )
 
     _input = field_validator("input")(_non_blank)
     _metadata = field_validator("metadata", mode="before")(_bounded_metadata)
+    _webhook_url = field_validator("webhook_url")(_webhook_url_shape)
 
 
-class PostMessage(_Request):
+class PostMessage(TurnRequest):
     """The next user message."""
 
     input: str
@@ -144,7 +173,7 @@ class ToolResultIn(BaseModel):
         return data
 
 
-class ToolResults(_Request):
+class ToolResults(TurnRequest):
     """Results for the pending tool calls, exactly one per pending call."""
 
     results: list[ToolResultIn] = Field(min_length=1, max_length=128)
@@ -171,7 +200,7 @@ class PendingToolCall(BaseModel):
     expires_at: datetime | None = None
 
 
-TurnStatus = Literal["completed", "awaiting_tool_results", "failed"]
+TurnStatus = Literal["queued", "running", "completed", "awaiting_tool_results", "failed", "cancelled"]
 
 
 class TurnOut(BaseModel):
@@ -184,8 +213,20 @@ class TurnOut(BaseModel):
     pending_tool_calls: list[PendingToolCall] = Field(default_factory=list)
     error: TurnErrorBody | None = None
     usage: Usage
-    version: int
+    version: int = Field(description="The conversation's version after the turn (before it, while it runs).")
     warnings: list[str] = Field(default_factory=list)
+    background: bool = False
+    cancel_requested: bool = False
+    created_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+class TurnList(BaseModel):
+    """Turns of a conversation, newest first."""
+
+    data: list[TurnOut]
+    has_more: bool
+    next_before: str | None = Field(description="Pass as `before` to get the next (older) page.")
 
 
 ConversationStatus = Literal["idle", "running", "awaiting_tool_results"]

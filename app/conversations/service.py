@@ -6,25 +6,32 @@ load and lock (short transaction), run the loop (no transaction), persist (one t
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
 from pydantic import ValidationError
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
 
 from app.config import Settings
 from app.conversations import schemas
-from app.conversations.locks import ConversationLocks, keep_alive
+from app.conversations.control import TurnControl
+from app.conversations.locks import ConversationLocks
 from app.conversations.repository import ConversationRepository
+from app.events.recorder import TurnRecorder
+from app.events.repository import EventRepository
+from app.events.schemas import EventType
+from app.events.webhooks import schedule_turn_webhook, webhook_event
 from app.helpers import HELPERS, Usage
 from app.kit.clock import utcnow
 from app.kit.errors import Conflict, Gone, NotFound, PayloadTooLarge, Unprocessable
@@ -49,6 +56,9 @@ from app.personas.tooldoc import FunctionToolDoc
 from app.runtime import CallReply, Limits
 from app.tools.mcp import McpManager
 from app.tools.registry import ToolDefinitionError, ToolRegistry, make_tool
+
+if TYPE_CHECKING:
+    from app.wiring import Resources
 
 log = structlog.get_logger(__name__)
 
@@ -83,6 +93,11 @@ class InvalidTool(Unprocessable):
     title = "Invalid tool definition"
 
 
+class TurnFinished(Conflict):
+    code = "turn_finished"
+    title = "The turn already ended"
+
+
 class UnknownPersona(Unprocessable):
     code = "unknown_persona"
     title = "Unknown persona"
@@ -98,6 +113,9 @@ class ConversationService:
     loop: TurnLoop
     locks: ConversationLocks
     mcp: McpManager | None = None
+    control: TurnControl | None = None  # detached turns and cancels (None: only waited-for turns)
+    sessionmaker: async_sessionmaker[AsyncSession] | None = None  # events written while a turn runs
+    resources: Resources | None = None  # the process's shared resources (webhooks are queued on its jobs)
 
     @property
     def repo(self) -> ConversationRepository:
@@ -178,6 +196,7 @@ class ConversationService:
             metadata_=dict(body.metadata),
             max_iterations=body.max_iterations or self.settings.max_iterations,
             tools=tools,
+            webhook_url=body.webhook_url,
             status="idle",
             version=0,
             next_seq=0,
@@ -196,6 +215,7 @@ class ConversationService:
             idempotency=idempotency,
             status_code=201,
             new=True,
+            delivery=delivery_of(body),
         )
 
     async def post_message(
@@ -229,7 +249,11 @@ class ConversationService:
             merged.update({t["name"]: t for t in _tool_definitions(body.tools, field="tools")})
             conversation.tools = list(merged.values())
         return await self._run_turn(
-            conversation, turn_id=new_id("turn"), new_messages=new_messages, idempotency=idempotency
+            conversation,
+            turn_id=new_id("turn"),
+            new_messages=new_messages,
+            idempotency=idempotency,
+            delivery=delivery_of(body),
         )
 
     async def submit_tool_results(
@@ -295,6 +319,7 @@ class ConversationService:
             new_messages=[TranscriptMessage(role="user", parts=list(parts))],
             resume=ResumeBlock(code=paused.code, journal=journal, note=paused.note),
             idempotency=idempotency,
+            delivery=delivery_of(body),
         )
 
     async def delete(self, *, tenant: str, conversation_id: str) -> None:
@@ -322,9 +347,13 @@ class ConversationService:
         resume: ResumeBlock | None = None,
         status_code: int = 200,
         new: bool = False,
+        delivery: Delivery = "wait",
     ) -> schemas.TurnOut:
-        """Lock, run the loop, persist. A ``new`` conversation is stored with its first turn, in one
-        transaction: nobody knows its id before the response, so it needs no lock and has no history."""
+        """Lock, run the loop, persist (``delivery="wait"``), or store the turn and run it detached
+        (``"stream"``: in this process now; ``"background"``: on a job worker).
+
+        A ``new`` conversation waited for is stored with its first turn, in one transaction: nobody
+        knows its id before the response, so it needs no lock and has no history."""
         started = time.perf_counter()
         if not new:
             seen_version = conversation.version
@@ -334,8 +363,10 @@ class ConversationService:
                     f"Turn {holder} is running on this conversation; retry when it has finished.",
                     extra={"current": {"turn_id": holder}},
                 )
+        detached = False
         try:
             history: list[StoredMessage] = []
+            next_seq = 1
             if not new:
                 # What we read before taking the lock may be stale: another turn may have finished.
                 if await self.repo.current_version(conversation_id=conversation.id) != seen_version:
@@ -343,22 +374,55 @@ class ConversationService:
                         "The conversation changed while this request waited; read it again and retry.",
                         extra={"current": {"version": seen_version + 1}},
                     )
+                next_seq = await EventRepository(self.session).last_seq(conversation_id=conversation.id) + 1
+            if delivery != "wait":
+                turn = await self._start_detached(
+                    conversation,
+                    turn_id=turn_id,
+                    new_messages=new_messages,
+                    resume=resume,
+                    idempotency=idempotency,
+                    next_seq=next_seq,
+                    new=new,
+                    background=delivery == "background",
+                    status_code=status_code,
+                )
+                detached = True  # the lock now belongs to the detached turn
+                return turn
+            recorder = TurnRecorder(
+                conversation_id=conversation.id,
+                turn_id=turn_id,
+                next_seq=next_seq,
+                bus=self.control.bus if self.control is not None else None,
+                sessionmaker=None if new else self.sessionmaker,
+                flush_interval=self.settings.events_flush_seconds,
+            )
+            _record_start(recorder, turn_id=turn_id, new_messages=new_messages, resume=resume)
+            if not new:
                 history = await self.repo.history(conversation_id=conversation.id)
+                self.session.add(self._turn_row(conversation, turn_id=turn_id, status="running"))
                 # Phase 1 ends: release the connection while the model and the sandbox work.
                 await self.session.commit()
-            async with (
-                keep_alive(
-                    self.locks, conversation.id, turn_id=turn_id, every=self.settings.lock_lease_seconds / 3
-                )
-                if not new
-                else contextlib.nullcontext()
-            ):
-                outcome = await self._run_loop(
-                    conversation, turn_id=turn_id, history=history, new_messages=new_messages, resume=resume
-                )
+            with self._cancel_signal(turn_id) as cancel:
+                async with (
+                    self._watch(conversation.id, turn_id=turn_id, cancel=cancel)
+                    if not new
+                    else contextlib.nullcontext()
+                ):
+                    outcome = await self._run_loop(
+                        conversation,
+                        turn_id=turn_id,
+                        history=history,
+                        new_messages=new_messages,
+                        resume=resume,
+                        events=recorder,
+                        cancel=cancel,
+                    )
             if new:
                 self.repo.add(conversation)
-            turn = await self._persist(conversation, turn_id=turn_id, outcome=outcome)
+            turn, rows = await self._persist(
+                conversation, turn_id=turn_id, outcome=outcome, recorder=recorder
+            )
             if idempotency is not None:
                 await idempotency.complete(
                     self.session, status_code=status_code, body=turn.model_dump(mode="json")
@@ -366,13 +430,375 @@ class ConversationService:
             # Commit before the lock is released: the next turn must see this one's state.
             await self.session.commit()
         finally:
-            if not new:
+            if not new and not detached:
                 await self.locks.release(conversation.id, turn_id=turn_id)
-        TURNS.labels(status=turn.status).inc()
-        TURN_SECONDS.observe(time.perf_counter() - started)
-        LLM_TOKENS.labels(direction="input").inc(turn.usage.input_tokens)
-        LLM_TOKENS.labels(direction="output").inc(turn.usage.output_tokens)
+        if self.resources is not None:
+            await schedule_turn_webhook(
+                self.resources,
+                tenant=conversation.tenant,
+                conversation_webhook_url=conversation.webhook_url,
+                event_type=webhook_event(turn.status),
+                turn=turn.model_dump(mode="json"),
+            )
+        await recorder.publish(rows)
+        _count(turn, started=started)
         return turn
+
+    async def _start_detached(
+        self,
+        conversation: Conversation,
+        *,
+        turn_id: str,
+        new_messages: list[TranscriptMessage],
+        resume: ResumeBlock | None,
+        idempotency: Idempotency | None,
+        next_seq: int,
+        new: bool,
+        background: bool,
+        status_code: int,
+    ) -> schemas.TurnOut:
+        """Store the turn with what it runs (its request) and ``turn.started``, commit, then hand it
+        to a job worker (background) or to a task of this process (stream). Either way it survives
+        the client going away, and a runner that dies is replaced once its lease expires."""
+        if self.control is None:
+            raise RuntimeError("detached turns need the process's TurnControl")
+        if new:
+            self.repo.add(conversation)
+        row = self._turn_row(
+            conversation,
+            turn_id=turn_id,
+            status="queued" if background else "running",
+            request=_stored_request(new_messages, resume),
+        )
+        self.session.add(row)
+        await self.session.flush()  # the conversation and turn rows before their events
+        recorder = TurnRecorder(
+            conversation_id=conversation.id,
+            turn_id=turn_id,
+            next_seq=next_seq,
+            bus=self.control.bus,
+            sessionmaker=None,
+        )
+        _record_start(recorder, turn_id=turn_id, new_messages=new_messages, resume=resume)
+        rows = await recorder.drain(self.session)
+        turn = self.turn_out(row, conversation)
+        if idempotency is not None:
+            await idempotency.complete(
+                self.session,
+                status_code=202 if background else status_code,
+                body=turn.model_dump(mode="json"),
+            )
+        await self.session.commit()
+        await recorder.publish(rows)
+        await self.control.dispatch(turn_id, background=background)
+        return turn
+
+    async def execute_stored(self, turn_id: str) -> None:
+        """Run a stored turn (queued, or left by a runner whose lease expired) to its end.
+
+        At least once is enough: the claim is a compare-and-set on the turn's status and lease, and
+        the outcome is written under the conversation's version, so a turn completes exactly once.
+        """
+        if self.control is None or self.sessionmaker is None:
+            raise RuntimeError("stored turns need the process's TurnControl and sessionmaker")
+        now = utcnow()
+        lease = timedelta(seconds=self.settings.lock_lease_seconds)
+        if not await self.repo.claim_turn(
+            turn_id=turn_id, owner=self.control.owner, now=now, until=now + lease
+        ):
+            await self.session.rollback()
+            return  # finished, cancelled, or running under a live lease elsewhere
+        await self.session.commit()
+        row = await self.session.get(Turn, turn_id)
+        conversation = await self.session.get(Conversation, row.conversation_id) if row is not None else None
+        if row is None or conversation is None:
+            return  # deleted meanwhile
+        started = time.perf_counter()
+        holder = await self.locks.acquire(conversation.id, turn_id=turn_id)
+        if holder not in (None, turn_id):
+            await self._end_unrun(
+                row,
+                conversation,
+                status="failed",
+                error=TurnError(
+                    code="turn_superseded",
+                    message=f"Turn {holder} took the conversation before this turn could run.",
+                ),
+            )
+            return
+        try:
+            if conversation.version != row.version:
+                await self._end_unrun(
+                    row,
+                    conversation,
+                    status="failed",
+                    error=TurnError(
+                        code="turn_superseded",
+                        message="The conversation changed before this turn could run.",
+                    ),
+                )
+                return
+            if row.cancel_requested_at is not None:
+                await self._end_unrun(row, conversation, status="cancelled")
+                return
+            new_messages, resume = _load_request(row.request or {})
+            history = await self.repo.history(conversation_id=conversation.id)
+            next_seq = await EventRepository(self.session).last_seq(conversation_id=conversation.id) + 1
+            await self.session.commit()
+            recorder = TurnRecorder(
+                conversation_id=conversation.id,
+                turn_id=turn_id,
+                next_seq=next_seq,
+                bus=self.control.bus,
+                sessionmaker=self.sessionmaker,
+                flush_interval=self.settings.events_flush_seconds,
+            )
+            with self._cancel_signal(turn_id) as cancel:
+                async with self._watch(conversation.id, turn_id=turn_id, cancel=cancel):
+                    outcome = await self._run_loop(
+                        conversation,
+                        turn_id=turn_id,
+                        history=history,
+                        new_messages=new_messages,
+                        resume=resume,
+                        events=recorder,
+                        cancel=cancel,
+                    )
+            try:
+                turn, rows = await self._persist(
+                    conversation, turn_id=turn_id, outcome=outcome, recorder=recorder
+                )
+                await self.session.commit()
+            except TurnRunning:
+                await self.session.rollback()
+                log.warning("stored_turn_discarded", turn_id=turn_id, reason="the conversation moved on")
+                return
+        finally:
+            await self.locks.release(conversation.id, turn_id=turn_id)
+        await recorder.publish(rows)
+        _count(turn, started=started)
+
+    async def _end_unrun(
+        self,
+        row: Turn,
+        conversation: Conversation,
+        *,
+        status: schemas.TurnStatus,
+        error: TurnError | None = None,
+    ) -> schemas.TurnOut:
+        """End a turn that will not run (cancelled before it started, superseded, or its runner died
+        mid-way): its status, and its end event for watchers. Retried when a running turn takes the
+        event seq first."""
+        now = utcnow()
+        row.status = status
+        row.error = _error_json(error)
+        row.finished_at = now
+        row.lease_owner = row.lease_expires_at = None
+        turn = self.turn_out(row, conversation)
+        for attempt in range(3):
+            recorder = TurnRecorder(
+                conversation_id=conversation.id,
+                turn_id=row.id,
+                next_seq=await EventRepository(self.session).last_seq(conversation_id=conversation.id) + 1,
+                bus=self.control.bus if self.control is not None else None,
+                sessionmaker=None,
+            )
+            recorder.emit(_end_type(status), turn.model_dump(mode="json"))
+            try:
+                rows = await recorder.drain(self.session)
+                await self.session.commit()
+            except IntegrityError:
+                await self.session.rollback()
+                row = await self.session.merge(row)
+                if attempt == 2:
+                    raise
+                continue
+            await recorder.publish(rows)
+            break
+        await self.locks.release(conversation.id, turn_id=row.id)
+        return turn
+
+    @contextlib.contextmanager
+    def _cancel_signal(self, turn_id: str) -> Iterator[asyncio.Event]:
+        if self.control is None:
+            yield asyncio.Event()
+            return
+        with self.control.running(turn_id) as event:
+            yield event
+
+    @contextlib.asynccontextmanager
+    async def _watch(
+        self, conversation_id: str, *, turn_id: str, cancel: asyncio.Event
+    ) -> AsyncIterator[None]:
+        """While a turn runs: renew its conversation lock and its own lease, and notice a cancel
+        recorded in the store (how a cancel reaches it without Redis, and a safety net with it)."""
+        every = self.settings.lock_lease_seconds / 3
+        poll = self.settings.cancel_poll_seconds
+        owner = self.control.owner if self.control is not None else None
+        lease = timedelta(seconds=self.settings.lock_lease_seconds)
+
+        async def watch() -> None:
+            renewed = time.monotonic()
+            while True:
+                await asyncio.sleep(min(every, poll))
+                try:
+                    if time.monotonic() - renewed >= every:
+                        renewed = time.monotonic()
+                        if not await self.locks.renew(conversation_id, turn_id=turn_id):
+                            log.warning("lock_lost", conversation_id=conversation_id, turn_id=turn_id)
+                        if owner is not None and self.sessionmaker is not None:
+                            async with self.sessionmaker() as session, session.begin():
+                                await ConversationRepository(session).renew_turn(
+                                    turn_id=turn_id, owner=owner, until=utcnow() + lease
+                                )
+                    if self.sessionmaker is not None and not cancel.is_set():
+                        async with self.sessionmaker() as session:
+                            if await ConversationRepository(session).cancel_requested(turn_id=turn_id):
+                                cancel.set()
+                except Exception:  # a blip in Redis/DB must not kill the turn
+                    log.warning("turn_watch_failed", turn_id=turn_id, exc_info=True)
+
+        task = asyncio.create_task(watch())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def _turn_row(
+        self,
+        conversation: Conversation,
+        *,
+        turn_id: str,
+        status: schemas.TurnStatus,
+        request: dict[str, Any] | None = None,
+    ) -> Turn:
+        """A turn as stored when it starts; ``running`` ones carry this process's lease."""
+        now = utcnow()
+        running = status == "running"
+        return Turn(
+            id=turn_id,
+            conversation_id=conversation.id,
+            status=status,
+            output=None,
+            error=None,
+            usage=_usage_json(Usage()),
+            warnings=[],
+            version=conversation.version,
+            request=request,
+            background=status == "queued",
+            lease_owner=self.control.owner if running and self.control is not None else None,
+            lease_expires_at=now + timedelta(seconds=self.settings.lock_lease_seconds) if running else None,
+            started_at=now if running else None,
+            created_at=now,
+        )
+
+    # -- turns as resources --------------------------------------------------------------------
+
+    def turn_out(self, row: Turn, conversation: Conversation) -> schemas.TurnOut:
+        """A stored turn as the API shows it (its pending calls while the conversation waits on them)."""
+        usage = row.usage or {}
+        waiting = row.status == "awaiting_tool_results" and conversation.version == row.version
+        return schemas.TurnOut(
+            conversation_id=row.conversation_id,
+            turn_id=row.id,
+            status=row.status,
+            output=row.output,
+            error=schemas.TurnErrorBody(**row.error) if row.error else None,
+            usage=schemas.Usage(**{k: int(usage.get(k, 0)) for k in schemas.Usage.model_fields}),
+            version=row.version,
+            warnings=list(row.warnings or []),
+            pending_tool_calls=_pending_out(self._paused(conversation))
+            if waiting and conversation.paused
+            else [],
+            background=row.background,
+            cancel_requested=row.cancel_requested_at is not None,
+            created_at=row.created_at,
+            finished_at=row.finished_at,
+        )
+
+    async def get_turn(self, conversation: Conversation, *, turn_id: str) -> schemas.TurnOut:
+        row = await self.repo.turn(conversation_id=conversation.id, turn_id=turn_id)
+        if row is None:
+            raise NotFound(f"No turn {turn_id!r} on conversation {conversation.id!r}.")
+        return self.turn_out(row, conversation)
+
+    async def list_turns(
+        self, conversation: Conversation, *, before: str | None, limit: int
+    ) -> schemas.TurnList:
+        cursor = None
+        if before is not None:
+            cursor = await self.repo.turn(conversation_id=conversation.id, turn_id=before)
+            if cursor is None:
+                raise Unprocessable(f"before: no turn {before!r} on this conversation.")
+        rows = await self.repo.turns(conversation_id=conversation.id, before=cursor, limit=limit + 1)
+        page = rows[:limit]
+        return schemas.TurnList(
+            data=[self.turn_out(row, conversation) for row in page],
+            has_more=len(rows) > limit,
+            next_before=page[-1].id if len(rows) > limit else None,
+        )
+
+    async def cancel_turn(self, conversation: Conversation, *, turn_id: str, wait: float) -> schemas.TurnOut:
+        """Stop a queued or running turn wherever it runs; the turn as it ended (or, if its runner has
+        not stopped it within ``wait`` seconds, as it is, with ``cancel_requested``)."""
+        row = await self.repo.turn(conversation_id=conversation.id, turn_id=turn_id)
+        if row is None:
+            raise NotFound(f"No turn {turn_id!r} on conversation {conversation.id!r}.")
+        if row.status == "cancelled":
+            return self.turn_out(row, conversation)
+        if row.status not in ("queued", "running"):
+            raise TurnFinished(
+                f"Turn {turn_id} already ended ({row.status}); only a queued or running turn can be cancelled.",
+                extra={"current": {"status": row.status}},
+            )
+        now = utcnow()
+        await self.repo.request_cancel(turn_id=turn_id, now=now)
+        # Nobody runs it (still queued, or its runner died): it ends here.
+        ended_here = await self.repo.finish_unclaimed(turn_id=turn_id, status="cancelled", now=now)
+        await self.session.commit()
+        if ended_here:
+            await self.session.refresh(row)
+            return await self._end_unrun(row, conversation, status="cancelled")
+        if self.control is not None:
+            await self.control.cancel(turn_id)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            await self.session.refresh(row)
+            if row.status not in ("queued", "running"):
+                break
+            await self.session.commit()  # a fresh snapshot for the next read
+            await asyncio.sleep(0.05)
+        await self.session.refresh(conversation)
+        return self.turn_out(row, conversation)
+
+    async def recover(self, *, queued_after: timedelta) -> list[str]:
+        """Turns left behind: runners that died (lease expired) and turns queued for longer than
+        ``queued_after``. Stored ones are run again; a waited-for turn whose server died ends
+        ``failed`` (its client saw the connection drop and retries). The ids to run again."""
+        now = utcnow()
+        rerun: list[str] = []
+        for row in await self.repo.stale_turns(now=now, queued_before=now - queued_after):
+            if row.request is not None:
+                rerun.append(row.id)
+                continue
+            if not await self.repo.finish_unclaimed(turn_id=row.id, status="failed", now=now):
+                continue
+            conversation = await self.session.get(Conversation, row.conversation_id)
+            if conversation is not None:
+                await self._end_unrun(
+                    row,
+                    conversation,
+                    status="failed",
+                    error=TurnError(
+                        code="runner_lost",
+                        message="The server running this turn stopped before it ended; send it again.",
+                        retryable=True,
+                    ),
+                )
+        await self.session.commit()
+        return rerun
 
     async def _run_loop(
         self,
@@ -382,6 +808,8 @@ class ConversationService:
         history: Sequence[StoredMessage],
         new_messages: list[TranscriptMessage],
         resume: ResumeBlock | None,
+        events: TurnRecorder | None = None,
+        cancel: asyncio.Event | None = None,
     ) -> TurnOutcome:
         persona = self.personas.get(conversation.persona) or self.personas["default"]
         workdir = self._workdir(conversation.id)
@@ -402,6 +830,8 @@ class ConversationService:
             resume=resume,
             network=persona.network,
             tool_call_ttl=timedelta(seconds=self.settings.tool_call_ttl_seconds),
+            events=events,
+            cancel=cancel,
         )
         try:
             outcome = await self.loop.run(turn)
@@ -424,9 +854,10 @@ class ConversationService:
             )
 
     async def _persist(
-        self, conversation: Conversation, *, turn_id: str, outcome: TurnOutcome
-    ) -> schemas.TurnOut:
-        """Phase 3: messages, the turn, the snapshot and totals, in the request's transaction."""
+        self, conversation: Conversation, *, turn_id: str, outcome: TurnOutcome, recorder: TurnRecorder
+    ) -> tuple[schemas.TurnOut, list[dict[str, Any]]]:
+        """Phase 3: messages, the turn, the snapshot, totals and the turn's last events (its end
+        event included), in the session's transaction; the event rows to publish once committed."""
         now = utcnow()
         seq = conversation.next_seq
         messages = [
@@ -444,36 +875,19 @@ class ConversationService:
         seq += len(messages)
         usage = outcome.usage
         version = conversation.version + 1
-        error = (
-            {
-                "code": outcome.error.code,
-                "message": outcome.error.message,
-                "retryable": outcome.error.retryable,
-            }
-            if outcome.error
-            else None
-        )
-        self.repo.add_all(
-            [
-                Turn(
-                    id=turn_id,
-                    conversation_id=conversation.id,
-                    status=outcome.status,
-                    output=outcome.output,
-                    error=error,
-                    usage={
-                        "input_tokens": usage.input_tokens,
-                        "output_tokens": usage.output_tokens,
-                        "llm_calls": usage.llm_calls,
-                        "iterations": usage.iterations,
-                    },
-                    warnings=outcome.warnings,
-                    version=version,
-                    created_at=now,
-                    finished_at=now,
-                )
-            ]
-        )
+        error = _error_json(outcome.error)
+        row = await self.session.get(Turn, turn_id)
+        if row is None:
+            row = Turn(id=turn_id, conversation_id=conversation.id, created_at=now, started_at=now)
+            self.session.add(row)
+        row.status = outcome.status
+        row.output = outcome.output
+        row.error = error
+        row.usage = _usage_json(usage)
+        row.warnings = list(outcome.warnings)
+        row.version = version
+        row.finished_at = now
+        row.lease_owner = row.lease_expires_at = None
         conversation.next_seq = seq
         conversation.version = version
         conversation.snapshot = outcome.snapshot
@@ -507,22 +921,9 @@ class ConversationService:
             raise TurnRunning(
                 "The conversation changed while this turn ran; its result was discarded."
             ) from exc
-        return schemas.TurnOut(
-            conversation_id=conversation.id,
-            turn_id=turn_id,
-            status=outcome.status,
-            output=outcome.output,
-            error=schemas.TurnErrorBody(**error) if error else None,
-            usage=schemas.Usage(
-                input_tokens=usage.input_tokens,
-                output_tokens=usage.output_tokens,
-                llm_calls=usage.llm_calls,
-                iterations=usage.iterations,
-            ),
-            version=version,
-            warnings=outcome.warnings,
-            pending_tool_calls=_pending_out(outcome.paused),
-        )
+        turn = self.turn_out(row, conversation)
+        recorder.emit(_end_type(outcome.status), turn.model_dump(mode="json"))
+        return turn, await recorder.drain(self.session)
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -600,6 +1001,81 @@ class ConversationService:
         if persona.limits is None:
             return limits
         return limits.model_copy(update=persona.limits.model_dump(exclude_none=True))
+
+
+Delivery = Literal["wait", "stream", "background"]
+
+
+def delivery_of(body: schemas.TurnRequest) -> Delivery:
+    """How the caller wants the turn: ``background`` (with or without ``stream``) runs on a job
+    worker and outlives the request; ``stream`` alone runs here, detached, while events stream."""
+    if body.background:
+        return "background"
+    return "stream" if body.stream else "wait"
+
+
+def _record_start(
+    recorder: TurnRecorder, *, turn_id: str, new_messages: list[TranscriptMessage], resume: ResumeBlock | None
+) -> None:
+    recorder.emit("turn.started", {"turn_id": turn_id, "resumes_block": resume is not None})
+    results = [
+        {"tool_call_id": part.tool_call_id, "output": part.output, "error": part.error}
+        for message in new_messages
+        for part in message.parts
+        if isinstance(part, ToolResultPart)
+    ]
+    if results:
+        recorder.emit("tool_results.received", {"results": results})
+
+
+def _stored_request(new_messages: list[TranscriptMessage], resume: ResumeBlock | None) -> dict[str, Any]:
+    """What a detached turn runs, as JSON for its row: its new messages and the block it resumes."""
+    return {
+        "v": 1,
+        "messages": [{"role": m.role, "parts": m.dump_parts()} for m in new_messages],
+        "resume": resume.model_dump(mode="json") if resume is not None else None,
+    }
+
+
+def _load_request(stored: dict[str, Any]) -> tuple[list[TranscriptMessage], ResumeBlock | None]:
+    if stored.get("v") != 1:
+        raise ValueError(f"unknown stored turn request version {stored.get('v')!r}")
+    messages = [TranscriptMessage(role=m["role"], parts=load_parts(m["parts"])) for m in stored["messages"]]
+    resume = ResumeBlock.model_validate(stored["resume"]) if stored.get("resume") else None
+    return messages, resume
+
+
+def _error_json(error: TurnError | None) -> dict[str, Any] | None:
+    if error is None:
+        return None
+    return {"code": error.code, "message": error.message, "retryable": error.retryable}
+
+
+def _usage_json(usage: Usage) -> dict[str, int]:
+    return {
+        "input_tokens": usage.input_tokens,
+        "output_tokens": usage.output_tokens,
+        "llm_calls": usage.llm_calls,
+        "iterations": usage.iterations,
+    }
+
+
+def _end_type(status: str) -> EventType:
+    """The event that ends a turn of this status."""
+    ends: dict[str, EventType] = {
+        "completed": "turn.completed",
+        "awaiting_tool_results": "turn.awaiting_tool_results",
+        "failed": "turn.failed",
+        "cancelled": "turn.cancelled",
+    }
+    return ends[status]
+
+
+def _count(turn: schemas.TurnOut, *, started: float) -> None:
+    TURNS.labels(status=turn.status).inc()
+    TURN_SECONDS.observe(time.perf_counter() - started)
+    LLM_TOKENS.labels(direction="input").inc(turn.usage.input_tokens)
+    LLM_TOKENS.labels(direction="output").inc(turn.usage.output_tokens)
 
 
 def _user_text(text: str) -> TranscriptMessage:

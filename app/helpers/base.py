@@ -45,6 +45,8 @@ class HelperContext:
     subtask: Callable[[str, list[Any]], Awaitable[str]] | None = None
     # How deep in nested sub-tasks this context is (0: the conversation's own turn).
     depth: int = 0
+    # The ``helper.started`` event of the helper call running now: a sub-task's events nest under it.
+    current_event: str | None = None
     # Caps of every fetch by the network helpers (None: the service's SABRE_FETCH_* settings).
     fetch_limits: FetchLimits | None = None
 

@@ -9,20 +9,23 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import Sequence
+import contextlib
+import functools
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import structlog
 
+from app.events.recorder import TurnRecorder
 from app.helpers import HELPERS, PARENT_HELPERS, HelperContext, HelperError, Usage
 from app.helpers.net import FetchLimits
 from app.kit.clock import utcnow
 from app.kit.ids import new_id
 from app.kit.metrics import BLOCK_SECONDS, BLOCKS
-from app.llm.base import LLMClient, LLMError
+from app.llm.base import DeltaCallback, LLMClient, LLMError
 from app.orchestrator.messages import (
     HelpersPart,
     HelpersResultPart,
@@ -38,8 +41,9 @@ from app.runtime import BlockOutcome, CallReply, HelperCall, Limits, RuntimePool
 from app.tools.registry import Tool, ToolRegistry
 
 log = structlog.get_logger(__name__)
+T = TypeVar("T")
 
-TurnStatus = Literal["completed", "awaiting_tool_results", "failed"]
+TurnStatus = Literal["completed", "awaiting_tool_results", "failed", "cancelled"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +73,9 @@ class TurnInput:
     resume: ResumeBlock | None = None
     network: Network | None = None
     tool_call_ttl: timedelta = timedelta(hours=24)
+    # Where the turn's events go (None: not recorded), and the signal that cancels it.
+    events: TurnRecorder | None = None
+    cancel: asyncio.Event | None = None
 
 
 @dataclass(slots=True)
@@ -103,8 +110,11 @@ class TurnLoop:
         self._max_output_chars = max_output_chars
         self._images = images  # whether the model takes images: figures are shown to it
 
-    async def run(self, turn: TurnInput, *, depth: int = 0) -> TurnOutcome:
-        """Run one turn until the model answers, the turn pauses on a tool call, or it fails."""
+    async def run(self, turn: TurnInput, *, depth: int = 0, parent_event: str | None = None) -> TurnOutcome:
+        """Run one turn until the model answers, the turn pauses on a tool call, it fails or it is
+        cancelled. ``parent_event``: the node its events nest under (a sub-task's ``helper.started``)."""
+        events = turn.events
+        node = parent_event  # None: the turn's own root (turn.started)
         ctx = HelperContext(
             llm=self._llm,
             model=turn.model,
@@ -113,7 +123,10 @@ class TurnLoop:
             depth=depth,
             fetch_limits=self._fetch_limits,
         )
-        ctx.subtask = lambda description, data: self._subtask(turn, ctx, description=description, data=data)
+        block_event: str | None = None
+        ctx.subtask = lambda description, data: self._subtask(
+            turn, ctx, description=description, data=data, parent_event=ctx.current_event
+        )
         messages = list(turn.new_messages)
         snapshot = turn.snapshot
         last_prose: str | None = None
@@ -129,21 +142,44 @@ class TurnLoop:
                     )
                     return _finish("failed", last_prose, ctx, messages, snapshot, error=error)
                 ctx.usage.iterations += 1
-                try:
-                    response = await self._llm.complete(
-                        model=turn.model,
-                        instructions=turn.system_prompt,
-                        messages=to_llm_messages(
-                            [(m.role, m.dump_parts()) for m in messages],
-                            after=history,
-                            images=_images(messages) if self._images else None,
-                        ),
+                llm_event = (
+                    events.emit(
+                        "llm.started", {"iteration": ctx.usage.iterations, "model": turn.model}, parent=node
                     )
+                    if events is not None
+                    else None
+                )
+                on_delta = _delta_sink(events, llm_event)
+                try:
+                    response = await _unless_cancelled(
+                        self._llm.complete(
+                            model=turn.model,
+                            instructions=turn.system_prompt,
+                            messages=to_llm_messages(
+                                [(m.role, m.dump_parts()) for m in messages],
+                                after=history,
+                                images=_images(messages) if self._images else None,
+                            ),
+                            on_delta=on_delta,
+                        ),
+                        turn.cancel,
+                    )
+                except TurnCancelled:
+                    return _finish("cancelled", last_prose, ctx, messages, snapshot)
                 except LLMError as exc:
                     log.warning("llm_failed", turn_id=turn.turn_id, code=exc.code)
                     error = TurnError(code=exc.code, message=exc.message, retryable=exc.retryable)
                     return _finish("failed", last_prose, ctx, messages, snapshot, error=error)
                 ctx.usage.add_llm(response.usage)
+                if events is not None and llm_event is not None:
+                    events.emit(
+                        "llm.completed",
+                        {
+                            "input_tokens": response.usage.input_tokens,
+                            "output_tokens": response.usage.output_tokens,
+                        },
+                        parent=llm_event,
+                    )
                 segments = parse(response.text)
                 code_blocks = blocks(segments)
                 last_prose = prose(segments)
@@ -157,17 +193,42 @@ class TurnLoop:
                 )
                 block = ResumeBlock(code=code_blocks[0].content, note=note)
 
-            outcome = await self._pool.run_block(
-                code=block.code,
-                snapshot=snapshot,
-                workdir=turn.workdir,
-                limits=turn.limits,
-                internal_helpers=[*PARENT_HELPERS, *(t.name for t in turn.tools.get_internal_tools())],
-                external_tools={t.name: t.param_names for t in turn.tools.get_external_tools()},
-                journal=block.journal,
-                on_call=lambda call: self._on_call(ctx, turn.tools, call),
-                sandbox_tools=turn.tools.get_sandbox_tools(),
+            block_event = (
+                events.emit(
+                    "block.started", {"code": block.code, "resumed": bool(block.journal)}, parent=node
+                )
+                if events is not None
+                else None
             )
+            try:
+                outcome = await _unless_cancelled(
+                    self._pool.run_block(
+                        code=block.code,
+                        snapshot=snapshot,
+                        workdir=turn.workdir,
+                        limits=turn.limits,
+                        internal_helpers=[
+                            *PARENT_HELPERS,
+                            *(t.name for t in turn.tools.get_internal_tools()),
+                        ],
+                        external_tools={t.name: t.param_names for t in turn.tools.get_external_tools()},
+                        journal=block.journal,
+                        on_call=functools.partial(
+                            self._on_call, ctx, turn.tools, events=events, parent=block_event
+                        ),
+                        sandbox_tools=turn.tools.get_sandbox_tools(),
+                    ),
+                    turn.cancel,
+                )
+            except TurnCancelled:
+                # The block's process is gone; its namespace stays as it was before the block.
+                text = "The block was cancelled before it finished: nothing it did is kept."
+                messages.append(
+                    TranscriptMessage(role="user", parts=[HelpersResultPart(status="error", text=text)])
+                )
+                if events is not None:
+                    events.emit("block.completed", {"status": "cancelled", "text": text}, parent=block_event)
+                return _finish("cancelled", last_prose, ctx, messages, snapshot)
             BLOCKS.labels(status=outcome.status).inc()
             BLOCK_SECONDS.observe(outcome.duration_ms / 1000)
             if outcome.status == "suspended" and outcome.pending is not None:
@@ -187,6 +248,20 @@ class TurnLoop:
                         ],
                     )
                 )
+                if events is not None:
+                    events.emit(
+                        "tool_calls.pending",
+                        {
+                            "tool_calls": [
+                                {
+                                    "id": pending.id,
+                                    "name": pending.call.name,
+                                    "arguments": pending.call.arguments,
+                                }
+                            ]
+                        },
+                        parent=block_event,
+                    )
                 paused = PausedBlock(
                     code=block.code, journal=outcome.journal, pending=[pending], note=block.note
                 )
@@ -196,11 +271,26 @@ class TurnLoop:
                 return result
             if outcome.snapshot is not None:
                 snapshot = outcome.snapshot
-            messages.append(self._result_message(outcome, note=block.note))
+            result_message = self._result_message(outcome, note=block.note)
+            messages.append(result_message)
+            if events is not None:
+                part = result_message.parts[0]
+                assert isinstance(part, HelpersResultPart)
+                events.emit(
+                    "block.completed",
+                    {"status": outcome.status, "text": part.text, "files": part.files},
+                    parent=block_event,
+                )
             block = None
 
     async def _subtask(
-        self, parent: TurnInput, ctx: HelperContext, *, description: str, data: list[Any]
+        self,
+        parent: TurnInput,
+        ctx: HelperContext,
+        *,
+        description: str,
+        data: list[Any],
+        parent_event: str | None = None,
     ) -> str:
         """``sabre_call``: the task in a fresh child conversation (no history, empty namespace, no
         external tools: a sub-task cannot pause for the caller), sharing the working directory."""
@@ -217,6 +307,8 @@ class TurnLoop:
             workdir=parent.workdir,
             limits=parent.limits,
             network=parent.network,
+            events=parent.events,
+            cancel=parent.cancel,
         )
         # The parent block holds a sandbox worker while it waits: with none free, the sub-task could
         # wait for ever (and the parent's wall clock is paused during helper calls), so refuse it.
@@ -226,7 +318,9 @@ class TurnLoop:
             )
         budget = parent.limits.wall_clock_seconds * parent.max_iterations
         try:
-            outcome = await asyncio.wait_for(self.run(child, depth=ctx.depth + 1), timeout=budget)
+            outcome = await asyncio.wait_for(
+                self.run(child, depth=ctx.depth + 1, parent_event=parent_event), timeout=budget
+            )
         except TimeoutError:
             raise HelperError(f"sabre_call: the sub-task did not finish within {budget:g} s") from None
         for field_name in ("input_tokens", "output_tokens", "llm_calls", "iterations"):
@@ -238,8 +332,33 @@ class TurnLoop:
             raise HelperError(f"sabre_call: the sub-task did not complete: {reason}")
         return outcome.output or ""
 
-    async def _on_call(self, ctx: HelperContext, tools: ToolRegistry, call: HelperCall) -> CallReply:
-        """Answer a call the sandboxed code made: run a parent-side helper, or pause on an external tool."""
+    async def _on_call(
+        self,
+        ctx: HelperContext,
+        tools: ToolRegistry,
+        call: HelperCall,
+        *,
+        events: TurnRecorder | None = None,
+        parent: str | None = None,
+    ) -> CallReply:
+        """Answer a call the sandboxed code made (recording ``helper.started``/``completed`` around
+        the parent-side ones; an external call is recorded as ``tool_calls.pending`` by the loop)."""
+        if call.kind == "external" or events is None:
+            return await self._answer(ctx, tools, call)
+        started = events.emit("helper.started", {"name": call.name, "line": call.line}, parent=parent)
+        ctx.current_event = started
+        try:
+            reply = await self._answer(ctx, tools, call)
+        finally:
+            ctx.current_event = None
+        data: dict[str, Any] = {"name": call.name, "status": "error" if reply.kind == "error" else "ok"}
+        if reply.kind == "error":
+            data["error"] = f"{reply.error_type}: {reply.error_message}"
+        events.emit("helper.completed", data, parent=started)
+        return reply
+
+    async def _answer(self, ctx: HelperContext, tools: ToolRegistry, call: HelperCall) -> CallReply:
+        """Run a parent-side helper or tool, or say that an external call suspends the block."""
         if call.kind == "external":
             tool = tools.get(call.name)
             if tool is None:
@@ -288,6 +407,44 @@ async def _call_internal_tool(tool: Tool, call: HelperCall) -> CallReply:
         log.warning("internal_tool_failed", tool=tool.name, error=type(exc).__name__)
         return CallReply(kind="error", error_type="ToolError", error_message=f"{tool.name} failed: {exc}")
     return CallReply(kind="value", value=value)
+
+
+class TurnCancelled(Exception):
+    """The turn's cancel signal fired while it waited on the model or a block."""
+
+
+async def _unless_cancelled(work: Awaitable[T], cancel: asyncio.Event | None) -> T:
+    """``work``'s result, unless ``cancel`` is set first: then ``work`` is cancelled (closing the
+    model's stream, killing the block) and ``TurnCancelled`` is raised."""
+    if cancel is None:
+        return await work
+    if cancel.is_set():
+        if asyncio.iscoroutine(work):
+            work.close()
+        raise TurnCancelled
+    task = asyncio.ensure_future(work)
+    waiter = asyncio.ensure_future(cancel.wait())
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+    raise TurnCancelled
+
+
+def _delta_sink(events: TurnRecorder | None, parent: str | None) -> DeltaCallback | None:
+    """The model's text as it streams, recorded as ``llm.delta`` under its ``llm.started``."""
+    if events is None or parent is None:
+        return None
+
+    async def on_delta(text: str) -> None:
+        events.delta(text, parent=parent)
+
+    return on_delta
 
 
 def _images(messages: Sequence[TranscriptMessage]) -> dict[int, list[str]]:

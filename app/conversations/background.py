@@ -1,0 +1,84 @@
+"""Turns that outlive their request: run from the store by this process or a job worker, and
+recovered when the process that ran them died.
+
+A stored turn carries what it runs (its request) and a lease; ``ConversationService.execute_stored``
+claims it with a compare-and-set, so running it twice, as an at-least-once job engine may, is
+harmless: the second claim fails, or the second outcome is refused by the conversation's version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+import structlog
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.conversations.service import ConversationService
+
+if TYPE_CHECKING:
+    from app.wiring import Resources
+
+log = structlog.get_logger(__name__)
+
+RECOVERY_SECONDS = 10.0
+
+
+def service_for(resources: Resources, session: AsyncSession) -> ConversationService:
+    """The conversations service over ``session`` and the process's shared resources."""
+    return ConversationService(
+        session=session,
+        settings=resources.settings,
+        personas=resources.personas,
+        loop=resources.turn_loop,
+        locks=resources.locks,
+        mcp=resources.mcp,
+        control=resources.control,
+        sessionmaker=resources.sessionmaker,
+        resources=resources,
+    )
+
+
+async def run_stored_turn(resources: Resources, turn_id: str) -> None:
+    """Run one stored turn to its end (a no-op when it already ended or runs elsewhere)."""
+    async with resources.sessionmaker() as session:
+        try:
+            await service_for(resources, session).execute_stored(turn_id)
+        except Exception:
+            log.exception("stored_turn_crashed", turn_id=turn_id)
+            raise
+
+
+async def recover_turns(resources: Resources) -> int:
+    """One pass over turns whose runner died or that waited too long in the queue: stored ones are
+    dispatched again (a job, or a task here), waited-for ones end ``failed``. How many were found."""
+    async with resources.sessionmaker() as session:
+        service = service_for(resources, session)
+        rerun = await service.recover(queued_after=timedelta(seconds=resources.settings.turn_requeue_seconds))
+    for turn_id in rerun:
+        log.info("turn_recovered", turn_id=turn_id)
+        await resources.control.dispatch(turn_id, background=True)
+    return len(rerun)
+
+
+@contextlib.asynccontextmanager
+async def recovering(resources: Resources, *, every: float = RECOVERY_SECONDS):  # type: ignore[no-untyped-def]
+    """Sweep for abandoned turns at start and every ``every`` seconds while the body runs."""
+
+    async def sweep() -> None:
+        while True:
+            try:
+                await recover_turns(resources)
+            except Exception:
+                log.warning("turn_recovery_failed", exc_info=True)
+            await asyncio.sleep(every)
+
+    task = asyncio.create_task(sweep(), name="sabre-turn-recovery")
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

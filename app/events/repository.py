@@ -1,0 +1,48 @@
+"""SQL for events: append a batch, read a page after a seq, the next seq of a conversation."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import func, insert, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.models import Event
+
+
+class EventRepository:
+    def __init__(self, session: AsyncSession) -> None:
+        self.session = session
+
+    async def append(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Insert events (dicts of the ``events`` columns) in one statement."""
+        if rows:
+            await self.session.execute(insert(Event), list(rows))
+
+    async def last_seq(self, *, conversation_id: str) -> int:
+        """The highest stored seq of the conversation, 0 when it has none."""
+        result = await self.session.execute(
+            select(func.coalesce(func.max(Event.seq), 0)).where(Event.conversation_id == conversation_id)
+        )
+        return int(result.scalar_one())
+
+    async def page(self, *, conversation_id: str, after: int, limit: int) -> list[Event]:
+        """Up to ``limit`` events with seq greater than ``after``, in order."""
+        result = await self.session.execute(
+            select(Event)
+            .where(Event.conversation_id == conversation_id, Event.seq > after)
+            .order_by(Event.seq)
+            .limit(limit)
+        )
+        return list(result.scalars())
+
+    async def first_seq_of_turn(self, *, conversation_id: str, turn_id: str) -> int | None:
+        """The seq of the turn's first event (its ``turn.started``), None if it has none stored."""
+        result = await self.session.execute(
+            select(func.min(Event.seq)).where(
+                Event.conversation_id == conversation_id, Event.turn_id == turn_id
+            )
+        )
+        value = result.scalar_one_or_none()
+        return None if value is None else int(value)

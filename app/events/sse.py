@@ -1,0 +1,46 @@
+"""Events over Server-Sent Events: ``id:`` is the seq, ``event:`` the type, ``data:`` the JSON.
+
+One writer for every stream the API serves (``GET .../events`` and the streamed POSTs), built on
+sse-starlette: it sends a ping comment every ``PING_SECONDS`` and closes a stream whose consumer
+does not take a write within ``SEND_TIMEOUT_SECONDS``, so a stalled client never holds anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from typing import Final
+
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+from app.events.schemas import EventOut
+from app.events.stream import CutOff, Heartbeat
+
+PING_SECONDS: Final = 15
+SEND_TIMEOUT_SECONDS: Final = 30.0
+
+
+async def _encode(items: AsyncIterator[EventOut | Heartbeat | CutOff]) -> AsyncIterator[ServerSentEvent]:
+    async for item in items:
+        if isinstance(item, EventOut):
+            yield ServerSentEvent(data=item.model_dump_json(), event=item.type, id=str(item.seq))
+        elif isinstance(item, Heartbeat):
+            yield ServerSentEvent(comment="heartbeat")
+        else:
+            yield ServerSentEvent(comment="cut off: too far behind; reconnect with Last-Event-ID")
+            return
+
+
+def event_stream(
+    items: AsyncIterator[EventOut | Heartbeat | CutOff],
+    *,
+    status_code: int = 200,
+    headers: Mapping[str, str] | None = None,
+) -> EventSourceResponse:
+    """An SSE response of ``items``; it ends when they do."""
+    return EventSourceResponse(
+        _encode(items),
+        status_code=status_code,
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no", **(headers or {})},
+        ping=PING_SECONDS,
+        send_timeout=SEND_TIMEOUT_SECONDS,
+    )
