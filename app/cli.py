@@ -15,6 +15,8 @@ keys = typer.Typer(help="Manage API keys (stored hashed).", no_args_is_help=True
 cli.add_typer(keys, name="keys")
 personas = typer.Typer(help="Check and inspect persona files.", no_args_is_help=True)
 cli.add_typer(personas, name="personas")
+webhooks = typer.Typer(help="Webhooks: the secrets receivers verify signatures with.", no_args_is_help=True)
+cli.add_typer(webhooks, name="webhooks")
 
 
 @cli.command()
@@ -65,6 +67,59 @@ def serve(
         workers=settings.web_workers,
         log_level="warning",
     )
+
+
+@cli.command()
+def worker(
+    concurrency: Annotated[
+        int | None,
+        typer.Option(min=1, max=1000, help="Jobs run at once (default SABRE_WORKER_CONCURRENCY or 8)."),
+    ] = None,
+) -> None:
+    """Run background jobs (turns, webhooks) from the PostgreSQL store until SIGTERM or SIGINT.
+
+    Run as many as the load needs, on any machine that reaches the store; set
+    SABRE_WORKER_IN_SERVE=false so that `sabre serve` leaves the jobs to them.
+    """
+    from app.kit.logging import configure_logging
+    from app.wiring import StartupError
+    from app.worker import SQLITE_REFUSAL, run_worker_process
+
+    settings = Settings()
+    if settings.is_sqlite:
+        typer.echo(SQLITE_REFUSAL, err=True)
+        raise typer.Exit(code=2)
+    configure_logging()
+    try:
+        code = asyncio.run(
+            run_worker_process(settings, concurrency=concurrency or settings.worker_concurrency)
+        )
+    except StartupError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(code=2) from None
+    raise typer.Exit(code=code)
+
+
+@webhooks.command("secret")
+def webhooks_secret(tenant: Annotated[str, typer.Argument(help="The tenant whose secret to print.")]) -> None:
+    """Print the secret a tenant's webhook receivers verify signatures with (whsec_…, Standard
+    Webhooks). It is derived from SABRE_WEBHOOK_SECRET, or from a secret the store keeps, so it
+    changes only when that does."""
+    from app.events.webhooks import tenant_secret
+    from app.kit.db import create_engine, create_sessionmaker
+    from app.kit.migrate import upgrade
+
+    async def _secret() -> str:
+        settings = Settings()
+        if settings.is_sqlite:
+            await upgrade(settings.effective_database_url)
+        engine = create_engine(settings.effective_database_url)
+        try:
+            return await tenant_secret(settings, sessionmaker=create_sessionmaker(engine), tenant=tenant)
+        finally:
+            await engine.dispose()
+
+    typer.echo(asyncio.run(_secret()))
 
 
 @cli.command()

@@ -6,6 +6,16 @@ from app.models.event import Event
 from app.models.file import StoredFile
 from app.models.idempotency import IdempotencyRecord
 from app.models.message import Message
+from app.models.server_secret import ServerSecret
 from app.models.turn import Turn
 
-__all__ = ["ApiKey", "Conversation", "Event", "IdempotencyRecord", "Message", "StoredFile", "Turn"]
+__all__ = [
+    "ApiKey",
+    "Conversation",
+    "Event",
+    "IdempotencyRecord",
+    "Message",
+    "ServerSecret",
+    "StoredFile",
+    "Turn",
+]

@@ -24,6 +24,8 @@ class Conversation(Base):
     metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", default=dict)
     max_iterations: Mapped[int] = mapped_column(Integer)
     tools: Mapped[list[Any]] = mapped_column(default=list)
+    # Where the ends of its turns are POSTed (app.events.webhooks); None: the tenant's default.
+    webhook_url: Mapped[str | None] = mapped_column(String(2048), default=None)
     # idle | awaiting_tool_results (a turn in progress is the lock, not a status)
     status: Mapped[str] = mapped_column(String(32), default="idle")
     version: Mapped[int] = mapped_column(Integer, default=0)

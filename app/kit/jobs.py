@@ -1,0 +1,255 @@
+"""The job engine: procrastinate, on the store the service already has.
+
+Domains declare their tasks on a ``procrastinate.Blueprint`` of their own (``app.events.webhooks``,
+``app.conversations.background``); ``app.wiring`` lists those blueprints and builds one job app per
+process with :func:`build_job_app`. The API process defers jobs with :func:`defer`; a worker
+(``sabre worker``, or the one ``sabre serve`` runs in its own process) runs them with the process's
+``Resources``, which a task reads with :func:`job_resources`::
+
+    blueprint = procrastinate.Blueprint()
+
+    @blueprint.task(name="run_turn", queue="turns", pass_context=True)
+    async def run_turn(context: JobContext, turn_id: str) -> None:
+        resources = job_resources(context)
+        ...
+
+    await defer(resources.jobs, "run_turn", queue="turns", lock=conversation_id, turn_id=turn_id)
+
+Where jobs live:
+- PostgreSQL: procrastinate's tables (migration 0005), shared by every process on the store.
+  Delivery is at least once: a job runs again when its worker stops heartbeating for
+  ``SABRE_JOBS_STALLED_SECONDS`` (killed, frozen, cut off) or shuts down before it ends, so a
+  task must be idempotent.
+- SQLite (embedded): procrastinate's in-memory store, inside the ``sabre serve`` process that runs
+  them; a job still queued or running when that process stops is gone, and the domain that
+  deferred it recovers from its own tables (see ``WORKER_STARTUP`` in ``app.wiring``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterable
+from typing import TYPE_CHECKING, Any, Final, Literal, cast
+
+import procrastinate
+import structlog
+from procrastinate import App, BaseRetryStrategy, Blueprint, JobContext, RetryDecision
+from procrastinate.app import WorkerOptions
+from procrastinate.exceptions import ConnectorException
+from procrastinate.jobs import Job
+from procrastinate.tasks import Task
+from procrastinate.testing import InMemoryConnector
+from sqlalchemy.engine import make_url
+
+from app.config import Settings
+
+if TYPE_CHECKING:
+    from app.wiring import Resources
+
+log = structlog.get_logger(__name__)
+
+Queue = Literal["turns", "webhooks", "maintenance"]
+# Every worker takes jobs from every queue: one kind of worker to deploy and scale.
+QUEUES: Final[tuple[Queue, ...]] = ("turns", "webhooks", "maintenance")
+RESOURCES_KEY: Final = "resources"
+STALLED_TASK: Final = "retry_stalled_jobs"
+
+
+def build_job_app(settings: Settings, *, blueprints: Iterable[Blueprint] = ()) -> App:
+    """A job app on the configured store (not opened yet: ``await app.open_async()``), with the
+    engine's own periodic task and the tasks of ``blueprints``."""
+    connector: procrastinate.BaseConnector
+    if settings.is_sqlite:
+        connector = InMemoryConnector()
+    else:
+        connector = procrastinate.PsycopgConnector(
+            conninfo=psycopg_conninfo(settings.effective_database_url),
+            # One connection stays on LISTEN, the others carry fetches, heartbeats and defers.
+            min_size=1,
+            max_size=settings.worker_concurrency + 4,
+        )
+    app = App(connector=connector)
+    _add_stalled_jobs_task(app, settings=settings)
+    for blueprint in blueprints:
+        add_blueprint(app, blueprint)
+    return app
+
+
+def psycopg_conninfo(database_url: str) -> str:
+    """The libpq connection string of a SQLAlchemy PostgreSQL URL (``postgresql+asyncpg://…``):
+    the same server, database and credentials; asyncpg's ``ssl`` parameter becomes ``sslmode``."""
+    url = make_url(database_url)
+    query = dict(url.query)
+    if "ssl" in query:
+        query.setdefault("sslmode", query.pop("ssl"))
+    return url.set(drivername="postgresql", query=query).render_as_string(hide_password=False)
+
+
+def add_blueprint(app: App, blueprint: Blueprint) -> None:
+    """Declare ``blueprint``'s tasks on ``app``, under their own names, and its periodic tasks.
+
+    procrastinate's ``App.add_tasks_from`` would rebind the blueprint's task objects to ``app`` (and
+    rename them), so a module's blueprint could serve one app per Python process; tests and the
+    embedded server build several. Each app gets task objects of its own instead, and the module's
+    blueprint stays unbound: defer through an app (:func:`defer`), never through the task.
+    """
+    copies: dict[str, Task[Any, Any, Any]] = {}
+    for name, task in blueprint.tasks.items():
+        if task.name != name:
+            continue  # an alias: registered with its task
+        options: dict[str, Any] = {
+            "name": task.name,
+            "aliases": list(task.aliases),
+            "queue": task.queue,
+            "priority": task.priority,
+            "lock": task.lock,
+            "queueing_lock": task.queueing_lock,
+            "retry": RequeueOnShutdown(then=task.retry_strategy),
+            "task_middleware": list(task.task_middleware),
+        }
+        declare = app.task(pass_context=True, **options) if task.pass_context else app.task(**options)
+        copies[name] = declare(task.func)
+    for periodic in blueprint.periodic_registry.periodic_tasks.values():
+        app.periodic_registry.register_task(
+            task=copies[periodic.task.name],
+            cron=periodic.cron,
+            periodic_id=periodic.periodic_id,
+            configure_kwargs=periodic.configure_kwargs,
+        )
+
+
+async def defer(
+    job_app: App,
+    task_name: str,
+    *,
+    queue: Queue,
+    lock: str | None = None,
+    queueing_lock: str | None = None,
+    **kwargs: Any,
+) -> int:
+    """Queue a job of task ``task_name`` with ``kwargs`` (JSON values) as its arguments; its id.
+
+    ``lock``: jobs with the same lock run one at a time, in order (e.g. a conversation id);
+    ``queueing_lock``: at most one such job waits in the queue (a second defer raises
+    ``procrastinate.exceptions.AlreadyEnqueued``).
+    """
+    deferrer = job_app.configure_task(task_name, queue=queue, lock=lock, queueing_lock=queueing_lock)
+    return await deferrer.defer_async(**kwargs)
+
+
+def job_resources(context: JobContext) -> Resources:
+    """The ``Resources`` of the process running this job (the worker's ``additional_context``)."""
+    return cast("Resources", context.additional_context[RESOURCES_KEY])
+
+
+class RequeueOnShutdown(BaseRetryStrategy):
+    """Put a job back on its queue when the worker stops before the job ends, and leave every other
+    failure to the task's own strategy (``then``; none: the job fails).
+
+    A worker shutting down gives its jobs ``SABRE_WORKER_SHUTDOWN_SECONDS`` and then cancels them;
+    cancelled this way, a job is due to run again at once on another worker, whatever the task
+    declared. The engine wraps every task in it (:func:`add_blueprint`).
+    """
+
+    def __init__(self, *, then: BaseRetryStrategy | None) -> None:
+        self.then = then
+
+    def get_retry_decision(self, *, exception: BaseException, job: Job) -> RetryDecision | None:
+        """Retry now after a shutdown's cancellation, else as ``then`` decides."""
+        if isinstance(exception, asyncio.CancelledError):
+            return RetryDecision(retry_in={"seconds": 0})
+        if self.then is None:
+            return None
+        exc = self.then.get_retry_exception(exception=exception, job=job)
+        return None if exc is None else exc.retry_decision
+
+
+def _add_stalled_jobs_task(app: App, *, settings: Settings) -> None:
+    """Every ``SABRE_JOBS_STALLED_CHECK_SECONDS``, one worker puts back on their queue the jobs of
+    workers silent for ``SABRE_JOBS_STALLED_SECONDS`` (a worker killed mid-job never ends its job;
+    this is how another worker gets it). Periodic jobs are deferred once per tick, whichever
+    workers are up; retrying a job that is no longer running does nothing, so a tick that overlaps
+    another is harmless."""
+    threshold = settings.jobs_stalled_seconds
+
+    async def retry_stalled_jobs(context: JobContext, timestamp: int) -> None:
+        manager = context.app.job_manager
+        for job in await manager.get_stalled_jobs(seconds_since_heartbeat=threshold):
+            try:
+                await manager.retry_job(job)
+            except ConnectorException as exc:
+                log.warning("stalled_job_not_retried", job_id=job.id, task=job.task_name, error=str(exc))
+                continue
+            log.warning(
+                "stalled_job_retried",
+                job_id=job.id,
+                task=job.task_name,
+                attempts=job.attempts + 1,
+                reason=f"its worker sent no heartbeat for {threshold:g} s",
+            )
+
+    task = app.task(name=STALLED_TASK, queue="maintenance", pass_context=True)(retry_stalled_jobs)
+    every = settings.jobs_stalled_check_seconds
+    # croniter's sixth field is the second.
+    app.periodic(cron=f"* * * * * */{every}", periodic_id="stalled")(task)
+
+
+def worker_options(settings: Settings, *, resources: Resources, concurrency: int, name: str) -> WorkerOptions:
+    """How a worker of this service runs: every queue, LISTEN/NOTIFY for fast pickup, a heartbeat
+    well inside the stall threshold, successful jobs deleted (failed ones kept to inspect)."""
+    return {
+        "queues": list(QUEUES),
+        "name": name,
+        "concurrency": concurrency,
+        "listen_notify": True,
+        # A NOTIFY wakes a worker for a new job; retries and scheduled jobs are found by polling.
+        "fetch_job_polling_interval": 2.0,
+        "shutdown_graceful_timeout": settings.worker_shutdown_seconds,
+        "delete_jobs": "successful",
+        "additional_context": {RESOURCES_KEY: resources},
+        # Signals are the process's: `sabre worker` and uvicorn install their own.
+        "install_signal_handlers": False,
+        # A third of the stall threshold (at most procrastinate's 10 s): one late beat is no death.
+        "update_heartbeat_interval": min(10.0, settings.jobs_stalled_seconds / 3),
+        "stalled_worker_timeout": settings.jobs_stalled_seconds,
+    }
+
+
+async def run_worker(job_app: App, *, resources: Resources, concurrency: int, name: str) -> None:
+    """Run a worker until it is cancelled, then stop it gracefully: no new job, running jobs get
+    ``SABRE_WORKER_SHUTDOWN_SECONDS`` to end, the rest go back on their queue. Returns on its own
+    only when the worker stopped without being asked (its database connection failed)."""
+    options = worker_options(resources.settings, resources=resources, concurrency=concurrency, name=name)
+    await job_app.run_worker_async(**options)
+
+
+@contextlib.asynccontextmanager
+async def worker_in_process(job_app: App, *, resources: Resources) -> AsyncIterator[None]:
+    """Run a worker beside the API in this process while the context is open; a worker that stops
+    on its own (its store went away) is started again after a pause."""
+
+    async def supervise() -> None:
+        pause = 1.0
+        while True:
+            try:
+                await run_worker(
+                    job_app,
+                    resources=resources,
+                    concurrency=resources.settings.worker_concurrency,
+                    name="serve",
+                )
+            except Exception:
+                log.exception("job_worker_failed", retry_in_seconds=pause)
+            else:
+                log.error("job_worker_stopped", retry_in_seconds=pause)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 30.0)
+
+    task = asyncio.create_task(supervise(), name="sabre job worker")
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
