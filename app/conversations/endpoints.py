@@ -19,7 +19,7 @@ from app.events.schemas import END_TYPES, EventList, EventOut
 from app.events.sse import event_stream
 from app.events.stream import CutOff, Heartbeat, follow, stored_page
 from app.kit.db import Session
-from app.kit.errors import BadRequest, NotFound, PreconditionFailed, Problem
+from app.kit.errors import BadRequest, NotFound, PreconditionFailed, Problem, Unprocessable
 from app.kit.idempotency import Idempotency, fingerprint
 from app.kit.json_body import StrictJSONRoute
 from app.models import Conversation, Turn
@@ -294,6 +294,120 @@ async def delete_conversation(conversation_id: ConversationId, tenant: Tenant, s
     """Delete the conversation and everything it owns."""
     await service.delete(tenant=tenant, conversation_id=conversation_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+# -- finding conversations --------------------------------------------------------------------------
+
+LIST_PARAMETERS = frozenset({"status", "persona", "limit", "after"})
+MAX_METADATA_FILTERS = 16
+
+
+def metadata_filters(request: Request) -> dict[str, str]:
+    """The ``metadata[KEY]=VALUE`` query parameters, ANDed. Any other parameter the listing does not
+    know is a 422 too: a misspelt filter must not silently list everything."""
+    filters: dict[str, str] = {}
+    for name, value in request.query_params.multi_items():
+        if name in LIST_PARAMETERS:
+            continue
+        loc = ["query", name]
+        if not (name.startswith("metadata[") and name.endswith("]")):
+            raise Unprocessable(
+                f"{name}: unknown query parameter; the filters are status, persona and metadata[KEY]=VALUE.",
+                extra={"errors": [{"loc": loc, "msg": "unknown query parameter", "type": "extra_forbidden"}]},
+            )
+        key = name[len("metadata[") : -1]
+        problem = None
+        if len(key) > schemas.METADATA_KEY_CHARS:
+            problem = f"keys are at most {schemas.METADATA_KEY_CHARS} characters"
+        elif len(value) > schemas.METADATA_VALUE_CHARS:
+            problem = f"values are at most {schemas.METADATA_VALUE_CHARS} characters"
+        elif key in filters and filters[key] != value:
+            problem = "given twice with different values (filters are ANDed, so nothing would match)"
+        if problem is not None:
+            raise Unprocessable(
+                f"{name}: {problem}.", extra={"errors": [{"loc": loc, "msg": problem, "type": "value_error"}]}
+            )
+        filters[key] = value
+        if len(filters) > MAX_METADATA_FILTERS:
+            raise Unprocessable(
+                f"metadata: at most {MAX_METADATA_FILTERS} metadata filters.",
+                extra={"errors": [{"loc": loc, "msg": "too many metadata filters", "type": "too_long"}]},
+            )
+    return filters
+
+
+METADATA_FILTER_DOC = {
+    "parameters": [
+        {
+            "name": "metadata",
+            "in": "query",
+            "required": False,
+            "style": "deepObject",
+            "explode": True,
+            "schema": {"type": "object", "additionalProperties": {"type": "string"}},
+            "description": (
+                "`metadata[KEY]=VALUE`, repeatable with different keys (all must match). VALUE is compared "
+                "as a string with the stored scalar's JSON text, a string without its quotes: "
+                '`metadata[tier]=gold` matches `"gold"`, `metadata[seats]=5` matches `5` and '
+                '`"5"`, `metadata[beta]=true` matches `true` and `"true"`, a float matches as '
+                "written (`1.5`); null never matches. At most "
+                f"{MAX_METADATA_FILTERS} filters; other unknown parameters are a 422."
+            ),
+        }
+    ]
+}
+
+
+@router.get("", response_model=schemas.ConversationList, openapi_extra=METADATA_FILTER_DOC)
+async def list_conversations(
+    tenant: Tenant,
+    service: Service,
+    metadata: Annotated[dict[str, str], Depends(metadata_filters)],
+    status_filter: Annotated[
+        schemas.ConversationStatus | None,
+        Query(
+            alias="status",
+            description="`idle` or `awaiting_tool_results`: the state stored between turns (a "
+            "conversation whose turn is running is listed under the state it started from, and "
+            "shows `running`). `running` is a 422: it is a lease lock, not a stored state.",
+        ),
+    ] = None,
+    persona: Annotated[str | None, Query(max_length=64, description="Persona name.")] = None,
+    after: Annotated[
+        str | None,
+        Query(max_length=200, description="`next_after` of the previous page (an opaque cursor)."),
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=100, description="Page size.")] = 20,
+) -> schemas.ConversationList:
+    """The tenant's conversations, newest first, in pages that hold still while conversations are
+    created between them (the cursor is a position, not an offset). A malformed cursor is a 422
+    `invalid_cursor`."""
+    return await service.list_conversations(
+        tenant=tenant, status=status_filter, persona=persona, metadata=metadata, after=after, limit=limit
+    )
+
+
+@router.patch(
+    "/{conversation_id}",
+    response_model=schemas.ConversationOut,
+    responses={412: {"model": Problem, "content": {"application/problem+json": {}}}},
+)
+async def patch_conversation(
+    conversation_id: ConversationId,
+    body: schemas.PatchConversation,
+    tenant: Tenant,
+    service: Service,
+    if_match: IfMatch = None,
+) -> schemas.ConversationOut:
+    """Update the conversation's metadata as a JSON merge patch (RFC 7396; `application/json` or
+    `application/merge-patch+json`): named keys are set, keys set to `null` removed, others kept.
+    The version does not change (it counts turns, and a running turn is not disturbed);
+    `If-Match: <version>` applies the patch only at that version (412 otherwise)."""
+    conversation = await service.get(tenant=tenant, conversation_id=conversation_id)
+    check_version(if_match, conversation.version)
+    return await service.update_metadata(
+        conversation, patch=body.metadata, if_version=conversation.version if if_match is not None else None
+    )
 
 
 # -- turns as resources and their events ----------------------------------------------------------

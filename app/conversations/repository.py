@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, delete, insert, or_, select, update
+from sqlalchemy import ColumnElement, and_, delete, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import defer
 
 from app.models import Conversation, Event, Message, StoredFile, Turn
 
@@ -217,3 +219,122 @@ class ConversationRepository:
             .limit(1)
         )
         return result.first() is not None
+
+    # -- finding conversations and changing their metadata --------------------------------------
+
+    async def search(
+        self,
+        *,
+        tenant: str,
+        status: str | None,
+        persona: str | None,
+        metadata: Mapping[str, str],
+        before: tuple[datetime, str] | None,
+        limit: int,
+    ) -> Sequence[Conversation]:
+        """The tenant's conversations matching every filter, newest first (``created_at``, then ``id``),
+        from just after the ``before`` position on. The runtime snapshot, the largest column and not
+        part of the listing, is never read (raiseload: an accidental access fails loudly)."""
+        query = (
+            select(Conversation)
+            .options(defer(Conversation.snapshot, raiseload=True))
+            .where(Conversation.tenant == tenant)
+        )
+        if status is not None:
+            query = query.where(Conversation.status == status)
+        if persona is not None:
+            query = query.where(Conversation.persona == persona)
+        dialect = self.session.get_bind().dialect.name
+        for key, value in metadata.items():
+            query = query.where(_metadata_matches(dialect, key=key, value=value))
+        if before is not None:
+            created_at, conversation_id = before
+            query = query.where(
+                or_(
+                    Conversation.created_at < created_at,
+                    and_(Conversation.created_at == created_at, Conversation.id < conversation_id),
+                )
+            )
+        query = query.order_by(Conversation.created_at.desc(), Conversation.id.desc()).limit(limit)
+        return (await self.session.execute(query)).scalars().all()
+
+    async def metadata_state(
+        self, *, tenant: str, conversation_id: str
+    ) -> tuple[dict[str, Any], datetime, int] | None:
+        """The stored ``(metadata, updated_at, version)`` as of now, for a compare-and-set update."""
+        result = await self.session.execute(
+            select(Conversation.metadata_, Conversation.updated_at, Conversation.version).where(
+                Conversation.id == conversation_id, Conversation.tenant == tenant
+            )
+        )
+        row = result.first()
+        return None if row is None else (dict(row[0] or {}), row[1], row[2])
+
+    async def replace_metadata(
+        self,
+        *,
+        conversation_id: str,
+        metadata: dict[str, Any],
+        seen_updated_at: datetime,
+        version: int | None,
+        updated_at: datetime,
+    ) -> bool:
+        """Store ``metadata`` if the row is still as read (its ``updated_at``, and ``version`` when
+        given); False when something changed it in between, so the caller reads and merges again.
+
+        A plain UPDATE, not an ORM flush: the ORM would check and could bump the optimistic-lock
+        ``version``, which belongs to turns (see ``ConversationService.update_metadata``)."""
+        conditions = [Conversation.id == conversation_id, Conversation.updated_at == seen_updated_at]
+        if version is not None:
+            conditions.append(Conversation.version == version)
+        result = await self.session.execute(
+            update(Conversation)
+            .where(*conditions)
+            .values(metadata_=metadata, updated_at=updated_at)
+            .execution_options(synchronize_session=False)
+        )
+        return bool(getattr(result, "rowcount", 0))
+
+
+def _metadata_matches(dialect: str, *, key: str, value: str) -> ColumnElement[bool]:
+    """SQL: the metadata value under ``key`` is a scalar whose JSON text is ``value`` (a string's
+    text without its quotes): ``"gold"`` matches ``gold``, ``5`` and ``"5"`` match ``5``, ``true``
+    matches ``true``; null never matches.
+
+    PostgreSQL's ``->>`` gives exactly that text (a ``json`` column keeps each number as written).
+    SQLite's JSON functions give typed values instead, and its JSON paths cannot name every key (a
+    ``"`` in it), so there the key is found with ``json_each`` and the value is compared by type,
+    each type against ``value`` read as that type only when ``value`` is how Python's ``json`` (which
+    wrote the column) spells it: both stores then agree on every value.
+    """
+    if dialect == "postgresql":
+        return Conversation.metadata_.op("->>")(key) == value
+    entry = func.json_each(Conversation.metadata_).table_valued("key", "type", "atom").alias("entry")
+    same = [and_(entry.c.type == "text", entry.c.atom == value)]
+    if value in ("true", "false"):
+        same.append(entry.c.type == value)
+    as_int = _canonical_int(value)
+    if as_int is not None:
+        same.append(and_(entry.c.type == "integer", entry.c.atom == as_int))
+    as_float = _canonical_float(value)
+    if as_float is not None:
+        same.append(and_(entry.c.type == "real", entry.c.atom == as_float))
+    return select(entry.c.key).where(entry.c.key == key, or_(*same)).exists()
+
+
+def _canonical_int(text: str) -> int | None:
+    """``text`` as an integer if it is exactly how ``json.dumps`` writes that integer."""
+    try:
+        number = int(text)
+    except ValueError:
+        return None
+    return number if str(number) == text else None
+
+
+def _canonical_float(text: str) -> float | None:
+    """``text`` as a float if it is exactly how ``json.dumps`` writes that float (``repr``)."""
+    try:
+        number = float(text)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) and repr(number) == text else None

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from app.events.webhooks import URL_MAX_CHARS, check_webhook_url
 from app.kit.json_body import INT64_MAX, INT64_MIN
@@ -246,6 +248,62 @@ class ConversationOut(BaseModel):
     usage: Usage
     created_at: datetime
     updated_at: datetime
+
+
+class ConversationList(BaseModel):
+    """One page of the tenant's conversations, newest first."""
+
+    data: list[ConversationOut]
+    has_more: bool
+    next_after: str | None = Field(
+        description="Pass as `after` to get the next (older) page; an opaque cursor, null on the last page."
+    )
+
+
+class ConversationCursor(BaseModel):
+    """Where a page of conversations ended: the last one's ``(created_at, id)``, the listing's sort key.
+
+    A position, not an offset, so conversations created between two pages (which sort before the
+    cursor) neither shift nor repeat what comes after it. Sent to clients as base64url JSON, which
+    they pass back unread; ``v`` lets a later format refuse this one instead of misreading it.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    v: Literal[1] = 1
+    created_at: AwareDatetime
+    id: str = Field(min_length=1, max_length=64)
+
+    def encode(self) -> str:
+        """The opaque text a client passes back as ``after``."""
+        return base64.urlsafe_b64encode(self.model_dump_json().encode()).decode().rstrip("=")
+
+    @classmethod
+    def decode(cls, text: str) -> ConversationCursor:
+        """The cursor ``encode`` made; ``ValueError`` for anything else."""
+        try:
+            raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        except (binascii.Error, ValueError) as exc:
+            raise ValueError("not base64url") from exc
+        return cls.model_validate_json(raw)  # a ValidationError is a ValueError
+
+
+METADATA_MAX_KEYS = 64
+
+
+class PatchConversation(_Request):
+    """Change a conversation's metadata, as a JSON merge patch (RFC 7396) of the stored object."""
+
+    metadata: dict[str, MetadataValue] = Field(
+        max_length=METADATA_MAX_KEYS,
+        description=(
+            "Merged into the stored metadata: a key with a value sets it (same limits as at creation), a "
+            f"key with `null` removes it, keys not named are kept. At most {METADATA_MAX_KEYS} keys "
+            "may remain. The conversation's version does not change."
+        ),
+    )
+
+    _metadata = field_validator("metadata", mode="before")(_bounded_metadata)
 
 
 class MessageOut(BaseModel):

@@ -21,6 +21,7 @@ import structlog
 from pydantic import ValidationError
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.orm.exc import StaleDataError
 
 from app.config import Settings
@@ -34,7 +35,7 @@ from app.events.schemas import EventType
 from app.events.webhooks import schedule_turn_webhook, webhook_event
 from app.helpers import HELPERS, Usage
 from app.kit.clock import utcnow
-from app.kit.errors import Conflict, Gone, NotFound, PayloadTooLarge, Unprocessable
+from app.kit.errors import Conflict, Gone, NotFound, PayloadTooLarge, PreconditionFailed, Unprocessable
 from app.kit.idempotency import Idempotency
 from app.kit.ids import new_id
 from app.kit.metrics import LLM_TOKENS, TURN_SECONDS, TURNS
@@ -101,6 +102,15 @@ class TurnFinished(Conflict):
 class UnknownPersona(Unprocessable):
     code = "unknown_persona"
     title = "Unknown persona"
+
+
+class InvalidCursor(Unprocessable):
+    code = "invalid_cursor"
+    title = "Invalid pagination cursor"
+
+
+# A metadata PATCH that keeps losing its compare-and-set this many times in a row gives up (409).
+METADATA_PATCH_ATTEMPTS = 5
 
 
 @dataclass(slots=True)
@@ -321,6 +331,114 @@ class ConversationService:
             idempotency=idempotency,
             delivery=delivery_of(body),
         )
+
+    async def list_conversations(
+        self,
+        *,
+        tenant: str,
+        status: schemas.ConversationStatus | None,
+        persona: str | None,
+        metadata: dict[str, str],
+        after: str | None,
+        limit: int,
+    ) -> schemas.ConversationList:
+        """One page of the tenant's conversations, newest first, after the ``after`` cursor.
+
+        ``status`` filters on the state stored between turns (``idle``, ``awaiting_tool_results``):
+        a conversation whose turn is running is listed under the state its turn started from, and
+        shows ``running`` as GET does. ``running`` itself is not a filter: it is the turn lock's lease
+        (a Redis key when Redis is configured), not a column a query can select on.
+        """
+        if status == "running":
+            raise Unprocessable(
+                "status: `running` cannot be filtered on (a running turn is a lease lock, not a stored "
+                "state); filter on idle or awaiting_tool_results, or read each conversation's status.",
+                extra={"errors": [{"loc": ["query", "status"], "msg": "not filterable", "type": "enum"}]},
+            )
+        before = None
+        if after is not None:
+            try:
+                cursor = schemas.ConversationCursor.decode(after)
+            except ValueError:
+                raise InvalidCursor(
+                    "after: not a cursor this API returned; pass `next_after` from the previous page "
+                    "unchanged, or leave it out to start from the newest conversation.",
+                    extra={
+                        "errors": [{"loc": ["query", "after"], "msg": "invalid cursor", "type": "cursor"}]
+                    },
+                ) from None
+            before = (cursor.created_at, cursor.id)
+        rows = await self.repo.search(
+            tenant=tenant, status=status, persona=persona, metadata=metadata, before=before, limit=limit + 1
+        )
+        page = rows[:limit]
+        more = len(rows) > limit
+        return schemas.ConversationList(
+            data=[await self.view(conversation) for conversation in page],
+            has_more=more,
+            next_after=(
+                schemas.ConversationCursor(created_at=page[-1].created_at, id=page[-1].id).encode()
+                if more
+                else None
+            ),
+        )
+
+    async def update_metadata(
+        self,
+        conversation: Conversation,
+        *,
+        patch: dict[str, schemas.MetadataValue],
+        if_version: int | None = None,
+    ) -> schemas.ConversationOut:
+        """Merge ``patch`` into the conversation's metadata (RFC 7396: ``null`` removes a key).
+
+        The version is left alone on purpose: it is the optimistic lock of turns (a turn checks it
+        when it commits), so bumping it here would make a turn running now fail at its end for a
+        change of labels it never reads. Instead the read-merge-write is a compare-and-set on
+        ``updated_at``, retried a few times, so two PATCHes (or a PATCH and a turn's commit) never
+        lose each other's changes. ``if_version`` (from If-Match) is checked at every attempt: a
+        turn that ends in between makes the PATCH a 412.
+        """
+        for _ in range(METADATA_PATCH_ATTEMPTS):
+            state = await self.repo.metadata_state(
+                tenant=conversation.tenant, conversation_id=conversation.id
+            )
+            if state is None:
+                raise NotFound(f"No conversation {conversation.id!r}.")
+            current, seen_updated_at, version = state
+            if if_version is not None and version != if_version:
+                raise PreconditionFailed(
+                    f"If-Match is {if_version} but the conversation is at version {version}.",
+                    extra={"current": {"version": version}},
+                )
+            merged = dict(current)
+            for key, value in patch.items():
+                if value is None:
+                    merged.pop(key, None)
+                else:
+                    merged[key] = value
+            if len(merged) > schemas.METADATA_MAX_KEYS:
+                raise Unprocessable(
+                    f"metadata: the patch would leave {len(merged)} keys; at most "
+                    f"{schemas.METADATA_MAX_KEYS} are allowed (remove some with null).",
+                )
+            # Strictly later than what we read, so the next compare-and-set sees a change.
+            updated_at = max(utcnow(), seen_updated_at + timedelta(microseconds=1))
+            if await self.repo.replace_metadata(
+                conversation_id=conversation.id,
+                metadata=merged,
+                seen_updated_at=seen_updated_at,
+                version=if_version,
+                updated_at=updated_at,
+            ):
+                await self.session.commit()
+                # The loaded object reflects the row without becoming dirty (a flush would check
+                # and write the version).
+                set_committed_value(conversation, "metadata_", merged)
+                set_committed_value(conversation, "updated_at", updated_at)
+                set_committed_value(conversation, "version", version)
+                return await self.view(conversation)
+        raise Conflict("The conversation kept changing while its metadata was updated; retry the PATCH.")
 
     async def delete(self, *, tenant: str, conversation_id: str) -> None:
         """Delete a conversation, its transcript, turns and working directory."""
