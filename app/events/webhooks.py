@@ -29,6 +29,7 @@ import hashlib
 import hmac
 import ipaddress
 import json
+import re
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final, Literal, cast, get_args
 
@@ -60,6 +61,10 @@ MAX_RETRIES: Final = 10
 _MAX_RESPONSE_BYTES: Final = 1_000_000
 _SECRET_NAME: Final = "webhooks"
 _EVENTS: Final = frozenset(get_args(WebhookEventType))
+# A host name as httpx encodes it (IDNA applied): DNS labels (IP addresses are checked apart).
+_HOST_NAME: Final = re.compile(
+    r"(?:[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?\.)*[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?\.?", re.IGNORECASE
+)
 
 blueprint = procrastinate.Blueprint()
 
@@ -94,9 +99,19 @@ def check_webhook_url(value: str) -> str:
         raise ValueError("must be an http or https URL")
     if not url.host:
         raise ValueError("must name a host")
+    if not _is_host(url.raw_host.decode("ascii")):
+        raise ValueError(f"is not a valid URL: {url.host!r} is not a host name or IP address")
     if url.userinfo:
         raise ValueError("must not carry a user name or password (they would be stored and logged)")
     return value
+
+
+def _is_host(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return _HOST_NAME.fullmatch(host) is not None
+    return True
 
 
 def default_webhook_urls(settings: Settings) -> dict[str, str]:
@@ -179,9 +194,9 @@ async def schedule_turn_webhook(
             payload=payload,
         )
     except Exception:
-        log.exception("webhook_not_scheduled", tenant=tenant, event=event_type, webhook_id=webhook_id)
+        log.exception("webhook_not_scheduled", tenant=tenant, event_type=event_type, webhook_id=webhook_id)
         return
-    log.info("webhook_scheduled", tenant=tenant, event=event_type, webhook_id=webhook_id, job_id=job_id)
+    log.info("webhook_scheduled", tenant=tenant, event_type=event_type, webhook_id=webhook_id, job_id=job_id)
 
 
 def _webhook_id(*, event_type: str, turn: dict[str, Any], at: datetime) -> str:
@@ -219,7 +234,12 @@ async def deliver_webhook(
         "webhook-signature": signature,
     }
     attempt = context.job.attempts + 1
-    where = {"tenant": tenant, "webhook_id": webhook_id, "event": payload.get("type"), "attempt": attempt}
+    where = {
+        "tenant": tenant,
+        "webhook_id": webhook_id,
+        "event_type": payload.get("type"),
+        "attempt": attempt,
+    }
     try:
         response = await fetch(
             url,
@@ -236,8 +256,10 @@ async def deliver_webhook(
             raise_for_status=False,
         )
     except NetworkDenied as exc:
-        log.warning("webhook_refused", **where, reason=str(exc))
-        raise WebhookRefused(str(exc)) from None
+        # The guard's words are the helpers'; for webhooks the allow list is a server setting.
+        reason = f"{exc} (for webhooks: SABRE_WEBHOOK_ALLOW)"
+        log.warning("webhook_refused", **where, reason=reason)
+        raise WebhookRefused(reason) from None
     except FetchError as exc:
         log.info("webhook_attempt_failed", **where, reason=str(exc))
         raise WebhookDeliveryError(str(exc)) from None

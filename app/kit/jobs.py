@@ -54,6 +54,9 @@ Queue = Literal["turns", "webhooks", "maintenance"]
 QUEUES: Final[tuple[Queue, ...]] = ("turns", "webhooks", "maintenance")
 RESOURCES_KEY: Final = "resources"
 STALLED_TASK: Final = "retry_stalled_jobs"
+CLEANUP_TASK: Final = "remove_old_jobs"
+# Succeeded jobs are deleted when they end; failed ones are kept this long for an operator.
+KEEP_FAILED_HOURS: Final = 7 * 24
 
 
 def build_job_app(settings: Settings, *, blueprints: Iterable[Blueprint] = ()) -> App:
@@ -71,6 +74,7 @@ def build_job_app(settings: Settings, *, blueprints: Iterable[Blueprint] = ()) -
         )
     app = App(connector=connector)
     _add_stalled_jobs_task(app, settings=settings)
+    _add_cleanup_task(app)
     for blueprint in blueprints:
         add_blueprint(app, blueprint)
     return app
@@ -193,6 +197,19 @@ def _add_stalled_jobs_task(app: App, *, settings: Settings) -> None:
     every = settings.jobs_stalled_check_seconds
     # croniter's sixth field is the second.
     app.periodic(cron=f"* * * * * */{every}", periodic_id="stalled")(task)
+
+
+def _add_cleanup_task(app: App) -> None:
+    """Every hour, delete the jobs that ended unsuccessfully more than ``KEEP_FAILED_HOURS`` ago
+    (failed, cancelled, aborted; successful ones are deleted as they end)."""
+
+    async def remove_old_jobs(context: JobContext, timestamp: int) -> None:
+        await context.app.job_manager.delete_old_jobs(
+            nb_hours=KEEP_FAILED_HOURS, include_failed=True, include_cancelled=True, include_aborted=True
+        )
+
+    task = app.task(name=CLEANUP_TASK, queue="maintenance", pass_context=True)(remove_old_jobs)
+    app.periodic(cron="17 * * * *", periodic_id="cleanup")(task)
 
 
 def worker_options(settings: Settings, *, resources: Resources, concurrency: int, name: str) -> WorkerOptions:

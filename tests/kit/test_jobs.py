@@ -207,3 +207,25 @@ def test_sabre_worker_refuses_the_embedded_store(llm: ScriptedLLM, tmp_path: Pat
     assert done.returncode == 2
     assert "sabre worker needs PostgreSQL" in done.stderr
     assert "inside the `sabre serve` process" in done.stderr
+
+
+async def test_the_maintenance_tasks_run(make_client: AppFactory) -> None:
+    """The periodic tasks every worker defers (stalled jobs, old failed jobs) run cleanly when
+    there is nothing to do; succeeded jobs are deleted as they end."""
+    async with make_client() as client:
+        jobs = client.app.state.jobs  # type: ignore[attr-defined]
+        ids = {
+            await defer(jobs, "retry_stalled_jobs", queue="maintenance", timestamp=0),
+            await defer(jobs, "remove_old_jobs", queue="maintenance", timestamp=0),
+        }
+
+        async def left() -> list[object]:
+            return [
+                job for job in await jobs.job_manager.list_jobs_async(queue="maintenance") if job.id in ids
+            ]
+
+        for _ in range(100):
+            if not await left():
+                break
+            await asyncio.sleep(0.1)
+        assert await left() == []
