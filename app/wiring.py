@@ -19,7 +19,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from app.auth.repository import ApiKeyRepository
 from app.auth.service import Authenticator
 from app.config import Settings, is_loopback
-from app.conversations.background import recovering, run_stored_turn
+from app.conversations import background
+from app.conversations.background import defer_turn, recovering, run_stored_turn
 from app.conversations.control import TurnControl
 from app.conversations.locks import ConversationLocks, DatabaseLocks, RedisLocks
 from app.events import webhooks
@@ -44,7 +45,7 @@ log = structlog.get_logger(__name__)
 Role = Literal["api", "worker"]
 
 # The domains' job tasks (app.kit.jobs): every process's job app declares them all.
-JOB_BLUEPRINTS: Final = (webhooks.blueprint,)
+JOB_BLUEPRINTS: Final = (webhooks.blueprint, background.blueprint)
 
 
 class StartupError(RuntimeError):
@@ -165,6 +166,7 @@ async def open_resources(settings: Settings, *, role: Role = "api") -> AsyncIter
         jobs=build_job_app(settings, blueprints=JOB_BLUEPRINTS),
     )
     control.run_here = lambda turn_id: run_stored_turn(resources, turn_id)
+    control.defer = lambda turn_id: defer_turn(resources, turn_id)
     await control.start()
     log.info(
         "sabre_started",

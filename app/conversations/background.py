@@ -13,10 +13,13 @@ import contextlib
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+import procrastinate
 import structlog
+from procrastinate import JobContext
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.conversations.service import ConversationService
+from app.kit.jobs import defer, job_resources
 
 if TYPE_CHECKING:
     from app.wiring import Resources
@@ -24,6 +27,20 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 RECOVERY_SECONDS = 10.0
+TASK = "run_turn"
+
+blueprint = procrastinate.Blueprint()
+
+
+@blueprint.task(name=TASK, queue="turns", pass_context=True)
+async def run_turn(context: JobContext, turn_id: str) -> None:
+    """The job of a background turn (at least once: a rerun finds it claimed or ended)."""
+    await run_stored_turn(job_resources(context), turn_id)
+
+
+async def defer_turn(resources: Resources, turn_id: str) -> None:
+    """Hand a stored turn to the job workers."""
+    await defer(resources.jobs, TASK, queue="turns", turn_id=turn_id)
 
 
 def service_for(resources: Resources, session: AsyncSession) -> ConversationService:

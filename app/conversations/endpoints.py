@@ -18,6 +18,7 @@ from app.events.repository import EventRepository
 from app.events.schemas import END_TYPES, EventList, EventOut
 from app.events.sse import event_stream
 from app.events.stream import CutOff, Heartbeat, follow, stored_page
+from app.kit.clock import utcnow
 from app.kit.db import Session
 from app.kit.errors import BadRequest, NotFound, PreconditionFailed, Problem, Unprocessable
 from app.kit.idempotency import Idempotency, fingerprint
@@ -518,7 +519,9 @@ async def list_events(
         if await locks.holder(conversation.id) is not None:
             return True
         async with sessionmaker() as session:
-            return await ConversationRepository(session).has_active_turn(conversation_id=conversation.id)
+            return await ConversationRepository(session).has_active_turn(
+                conversation_id=conversation.id, now=utcnow()
+            )
 
     return event_stream(
         follow(

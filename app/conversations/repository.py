@@ -211,11 +211,15 @@ class ConversationRepository:
         )
         return list(result.scalars())
 
-    async def has_active_turn(self, *, conversation_id: str) -> bool:
-        """Whether a turn of the conversation is queued or running (by its row)."""
+    async def has_active_turn(self, *, conversation_id: str, now: datetime) -> bool:
+        """Whether a turn of the conversation is queued, or running under a live lease (a runner
+        that died leaves a lapsed lease: the recovery sweep ends or reruns that turn)."""
         result = await self.session.execute(
             select(Turn.id)
-            .where(Turn.conversation_id == conversation_id, Turn.status.in_(("queued", "running")))
+            .where(
+                Turn.conversation_id == conversation_id,
+                or_(Turn.status == "queued", and_(Turn.status == "running", Turn.lease_expires_at >= now)),
+            )
             .limit(1)
         )
         return result.first() is not None

@@ -492,6 +492,11 @@ class ConversationService:
                         "The conversation changed while this request waited; read it again and retry.",
                         extra={"current": {"version": seen_version + 1}},
                     )
+                if await self.repo.has_active_turn(conversation_id=conversation.id, now=utcnow()):
+                    # A detached turn whose lock lapsed while it waited in the queue still counts.
+                    raise TurnRunning(
+                        "A turn is queued or running on this conversation; retry when it has finished."
+                    )
                 next_seq = await EventRepository(self.session).last_seq(conversation_id=conversation.id) + 1
             if delivery != "wait":
                 turn = await self._start_detached(
@@ -550,6 +555,20 @@ class ConversationService:
         finally:
             if not new and not detached:
                 await self.locks.release(conversation.id, turn_id=turn_id)
+        await self._ended(conversation, turn, rows=rows, recorder=recorder)
+        _count(turn, started=started)
+        return turn
+
+    async def _ended(
+        self,
+        conversation: Conversation,
+        turn: schemas.TurnOut,
+        *,
+        rows: list[dict[str, Any]],
+        recorder: TurnRecorder,
+    ) -> None:
+        """After a turn's end is committed: its last events to live watchers, its webhook queued."""
+        await recorder.publish(rows)
         if self.resources is not None:
             await schedule_turn_webhook(
                 self.resources,
@@ -558,9 +577,6 @@ class ConversationService:
                 event_type=webhook_event(turn.status),
                 turn=turn.model_dump(mode="json"),
             )
-        await recorder.publish(rows)
-        _count(turn, started=started)
-        return turn
 
     async def _start_detached(
         self,
@@ -582,12 +598,11 @@ class ConversationService:
             raise RuntimeError("detached turns need the process's TurnControl")
         if new:
             self.repo.add(conversation)
+        # Queued either way: its runner (a job, or a task of this process) claims it from the store.
         row = self._turn_row(
-            conversation,
-            turn_id=turn_id,
-            status="queued" if background else "running",
-            request=_stored_request(new_messages, resume),
+            conversation, turn_id=turn_id, status="queued", request=_stored_request(new_messages, resume)
         )
+        row.background = background
         self.session.add(row)
         await self.session.flush()  # the conversation and turn rows before their events
         recorder = TurnRecorder(
@@ -607,6 +622,9 @@ class ConversationService:
                 body=turn.model_dump(mode="json"),
             )
         await self.session.commit()
+        if new:
+            # Nobody knows the id before the response, so taking the lock only now is safe.
+            await self.locks.acquire(conversation.id, turn_id=turn_id)
         await recorder.publish(rows)
         await self.control.dispatch(turn_id, background=background)
         return turn
@@ -693,7 +711,7 @@ class ConversationService:
                 return
         finally:
             await self.locks.release(conversation.id, turn_id=turn_id)
-        await recorder.publish(rows)
+        await self._ended(conversation, turn, rows=rows, recorder=recorder)
         _count(turn, started=started)
 
     async def _end_unrun(
@@ -731,7 +749,7 @@ class ConversationService:
                 if attempt == 2:
                     raise
                 continue
-            await recorder.publish(rows)
+            await self._ended(conversation, turn, rows=rows, recorder=recorder)
             break
         await self.locks.release(conversation.id, turn_id=row.id)
         return turn
@@ -868,7 +886,7 @@ class ConversationService:
             return self.turn_out(row, conversation)
         if row.status not in ("queued", "running"):
             raise TurnFinished(
-                f"Turn {turn_id} already ended ({row.status}); only a queued or running turn can be cancelled.",
+                f"Turn {turn_id} already ended ({row.status}); only a live turn can be cancelled.",
                 extra={"current": {"status": row.status}},
             )
         now = utcnow()

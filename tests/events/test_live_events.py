@@ -1,0 +1,49 @@
+"""Live events over real HTTP between two ``sabre serve`` processes on PostgreSQL + Redis: a turn
+started on A is watched on B as it happens, and a watcher that disconnects resumes by seq."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import httpx
+
+from app.llm.scripted import Reply, ScriptedLLM
+from tests.conversations.test_stateless import servers, two_servers  # noqa: F401 - fixtures
+from tests.events.test_turn_events import parse_sse
+
+
+async def test_a_turn_on_a_is_watched_live_on_b_and_resumed_after_a_disconnect(
+    two_servers: tuple[str, str],  # noqa: F811
+    llm: ScriptedLLM,
+) -> None:
+    a, b = two_servers
+    llm.script(Reply(text="word " * 60, chunk_delay=0.03))
+    async with httpx.AsyncClient(timeout=30) as http:
+        turn = (await http.post(f"{a}/v1/conversations", json={"input": "hi", "background": True})).json()
+        url = f"{b}/v1/conversations/{turn['conversation_id']}/events"
+        sse = {"Accept": "text/event-stream"}
+        seen: list[dict[str, Any]] = []
+        arrivals: list[float] = []
+        async with http.stream("GET", url, headers=sse) as response:
+            assert response.status_code == 200
+            buffer = ""
+            async for chunk in response.aiter_text():
+                buffer += chunk
+                seen = parse_sse(buffer)
+                arrivals.append(time.monotonic())
+                if sum(e["event"] == "llm.delta" for e in seen) >= 2:
+                    break  # the watcher goes away mid-turn
+        assert seen[-1]["event"] != "turn.completed", "the turn ended before it could be watched live"
+        last_id = seen[-1]["id"]
+        async with http.stream("GET", url, headers={**sse, "Last-Event-ID": last_id}) as response:
+            assert response.status_code == 200
+            rest = parse_sse((await response.aread()).decode())
+        assert rest[0]["id"] == str(int(last_id) + 1)
+        assert rest[-1]["event"] == "turn.completed"
+        stored = (await http.get(url, params={"limit": 500})).json()["data"]
+        assert [e["seq"] for e in stored] == [int(e["id"]) for e in seen + rest]
+        text = "".join(e["data"]["data"]["text"] for e in seen + rest if e["event"] == "llm.delta")
+        assert text == "word " * 60
+        json.dumps(stored)  # plain JSON all the way
