@@ -238,7 +238,10 @@ class ChildLink:
                 poller.unregister(self._output_fd)
             if self._channel in ready:
                 if self._phase == "done":
-                    self._violate("a frame after the block's end")  # not even read
+                    if self._channel_closed():
+                        self._channel_open = False  # it exited (or closed its end): as it should
+                    else:
+                        self._violate("a frame after the block's end")  # not even read
                 else:
                     self._from_child()
                 if not self._channel_open:
@@ -263,6 +266,16 @@ class ChildLink:
             violation=self._violation,
             limit=self._limit,
         )
+
+    def _channel_closed(self) -> bool:
+        """Whether the child's end of the channel is closed (EOF), peeking at one byte at most."""
+        with socket.socket(fileno=os.dup(self._channel)) as handle:
+            try:
+                return handle.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+            except BlockingIOError:
+                return False
+            except OSError:
+                return True
 
     def _from_child(self) -> None:
         try:

@@ -18,6 +18,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import structlog
 
 from app.runtime import CallReply, Limits, RuntimePool
 from tests.runtime.support import Recorder, assert_pool_works, host_processes_with, run, wait_until_gone
@@ -599,3 +600,15 @@ result(out)
         "int80": int(signal.SIGSYS),
     }
     await assert_pool_works(pool, tmp_path)
+
+
+async def test_an_honest_block_that_ends_is_never_a_violation(pool: RuntimePool, workspaces: Path) -> None:
+    """The guard against frames after ``done`` must not fire when the child just exits: its
+    channel then reads as end-of-file, which is how every block ends (after an error too)."""
+    workdir = _conversation(workspaces)
+    with structlog.testing.capture_logs() as logs:
+        for code in ("print('fine')", "raise ValueError('boom')", "import sys\nsys.exit(3)"):
+            await run(pool, code, workdir=workdir)
+        await assert_pool_works(pool, workdir)
+        await asyncio.sleep(0.3)  # the worker reports the child's exit after the block's outcome
+    assert [e for e in logs if e["event"] == "sandbox_protocol_violation"] == []
