@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response, status
 from fastapi.responses import JSONResponse
@@ -201,7 +201,24 @@ def check_version(if_match: str | None, version: int) -> None:
         )
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=schemas.TurnOut)
+# The three turn-starting POSTs: JSON by default, SSE with `stream`, 202 with `background`.
+STREAM_DOC: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "The turn, or with `stream: true` its events as `text/event-stream`.",
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    },
+    202: {"model": schemas.TurnOut, "description": "`background: true`: the turn, queued."},
+}
+CREATE_DOC: dict[int | str, dict[str, Any]] = {
+    201: {
+        "description": "The first turn, or with `stream: true` its events as `text/event-stream`.",
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    },
+    202: STREAM_DOC[202],
+}
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=schemas.TurnOut, responses=CREATE_DOC)
 async def create_conversation(
     request: Request,
     body: schemas.CreateConversation,
@@ -220,7 +237,11 @@ async def create_conversation(
     )
 
 
-@router.post("/{conversation_id}/messages", response_model=schemas.TurnOut, responses=TOOL_RESULT_ERRORS)  # type: ignore[arg-type]
+@router.post(
+    "/{conversation_id}/messages",
+    response_model=schemas.TurnOut,
+    responses={**TOOL_RESULT_ERRORS, **STREAM_DOC},  # type: ignore[dict-item]
+)
 async def post_message(
     request: Request,
     conversation_id: ConversationId,
@@ -243,7 +264,11 @@ async def post_message(
     )
 
 
-@router.post("/{conversation_id}/tool-results", response_model=schemas.TurnOut, responses=TOOL_RESULT_ERRORS)  # type: ignore[arg-type]
+@router.post(
+    "/{conversation_id}/tool-results",
+    response_model=schemas.TurnOut,
+    responses={**TOOL_RESULT_ERRORS, **STREAM_DOC},  # type: ignore[dict-item]
+)
 async def submit_tool_results(
     request: Request,
     conversation_id: ConversationId,
@@ -414,13 +439,6 @@ async def patch_conversation(
 # -- turns as resources and their events ----------------------------------------------------------
 
 TurnId = Annotated[str, Path(max_length=64, description="A turn id (`turn_…`).")]
-STREAM_DOC = {
-    200: {
-        "description": "The turn, or with `stream: true` its events as `text/event-stream`.",
-        "content": {"text/event-stream": {"schema": {"type": "string"}}},
-    },
-    202: {"model": schemas.TurnOut, "description": "`background: true`: the queued turn."},
-}
 
 
 @router.get("/{conversation_id}/turns", response_model=schemas.TurnList)
