@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -12,6 +13,15 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import defer
 
 from app.models import Conversation, Event, Message, StoredFile, Turn
+
+
+@dataclass(frozen=True, slots=True)
+class TurnState:
+    """What a new turn checks under the lock, read in one round trip."""
+
+    version: int
+    last_event_seq: int
+    active_turn: bool
 
 
 class ConversationRepository:
@@ -52,12 +62,23 @@ class ConversationRepository:
             query = query.limit(limit)
         return (await self.session.execute(query)).scalars().all()
 
-    async def current_version(self, *, conversation_id: str) -> int | None:
-        """The stored version of a conversation (None once deleted)."""
-        result = await self.session.execute(
-            select(Conversation.version).where(Conversation.id == conversation_id)
+    async def turn_state(self, *, conversation_id: str, now: datetime) -> TurnState | None:
+        """The conversation's version, its last event seq and whether a turn is queued or running
+        under a live lease (None once deleted): one statement on the hot path of every turn."""
+        last_seq = (
+            select(func.coalesce(func.max(Event.seq), 0))
+            .where(Event.conversation_id == conversation_id)
+            .scalar_subquery()
         )
-        return result.scalar_one_or_none()
+        active = select(Turn.id).where(Turn.conversation_id == conversation_id, _live_turn(now)).exists()
+        row = (
+            await self.session.execute(
+                select(Conversation.version, last_seq, active).where(Conversation.id == conversation_id)
+            )
+        ).first()
+        if row is None:
+            return None
+        return TurnState(version=row[0], last_event_seq=int(row[1]), active_turn=bool(row[2]))
 
     async def history(self, *, conversation_id: str) -> list[tuple[Any, Any]]:
         """``(role, parts)`` of every message in order, without building ORM objects (hot path)."""
@@ -215,12 +236,7 @@ class ConversationRepository:
         """Whether a turn of the conversation is queued, or running under a live lease (a runner
         that died leaves a lapsed lease: the recovery sweep ends or reruns that turn)."""
         result = await self.session.execute(
-            select(Turn.id)
-            .where(
-                Turn.conversation_id == conversation_id,
-                or_(Turn.status == "queued", and_(Turn.status == "running", Turn.lease_expires_at >= now)),
-            )
-            .limit(1)
+            select(Turn.id).where(Turn.conversation_id == conversation_id, _live_turn(now)).limit(1)
         )
         return result.first() is not None
 
@@ -342,3 +358,8 @@ def _canonical_float(text: str) -> float | None:
     except ValueError:
         return None
     return number if math.isfinite(number) and repr(number) == text else None
+
+
+def _live_turn(now: datetime) -> ColumnElement[bool]:
+    """A turn that holds its conversation: queued, or running under a lease that has not lapsed."""
+    return or_(Turn.status == "queued", and_(Turn.status == "running", Turn.lease_expires_at >= now))

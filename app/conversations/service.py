@@ -487,17 +487,18 @@ class ConversationService:
             next_seq = 1
             if not new:
                 # What we read before taking the lock may be stale: another turn may have finished.
-                if await self.repo.current_version(conversation_id=conversation.id) != seen_version:
+                state = await self.repo.turn_state(conversation_id=conversation.id, now=utcnow())
+                if state is None or state.version != seen_version:
                     raise Conflict(
                         "The conversation changed while this request waited; read it again and retry.",
                         extra={"current": {"version": seen_version + 1}},
                     )
-                if await self.repo.has_active_turn(conversation_id=conversation.id, now=utcnow()):
+                if state.active_turn:
                     # A detached turn whose lock lapsed while it waited in the queue still counts.
                     raise TurnRunning(
                         "A turn is queued or running on this conversation; retry when it has finished."
                     )
-                next_seq = await EventRepository(self.session).last_seq(conversation_id=conversation.id) + 1
+                next_seq = state.last_event_seq + 1
             if delivery != "wait":
                 turn = await self._start_detached(
                     conversation,
