@@ -183,8 +183,9 @@ async def open_resources(settings: Settings, *, role: Role = "api") -> AsyncIter
         async with recovering(resources), _job_worker(resources, role=role):
             yield resources
     finally:
-        await resources.jobs.close_async()
         await control.aclose()
+        # After the detached turns: one ending now still queues its webhook.
+        await resources.jobs.close_async()
         await bus.aclose()
         await mcp.aclose()
         await pool.aclose()

@@ -220,8 +220,9 @@ def worker_options(settings: Settings, *, resources: Resources, concurrency: int
         "name": name,
         "concurrency": concurrency,
         "listen_notify": True,
-        # A NOTIFY wakes a worker for a new job; retries and scheduled jobs are found by polling.
-        "fetch_job_polling_interval": 2.0,
+        # A NOTIFY wakes a worker for a new job; retries and scheduled jobs are found by polling
+        # (a query on PostgreSQL; a look at a dict for the in-memory store, so often there).
+        "fetch_job_polling_interval": 0.5 if settings.is_sqlite else 2.0,
         "shutdown_graceful_timeout": settings.worker_shutdown_seconds,
         "delete_jobs": "successful",
         "additional_context": {RESOURCES_KEY: resources},
