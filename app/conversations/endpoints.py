@@ -100,7 +100,9 @@ async def run_idempotent(
                     request,
                     conversation_id=stored.body["conversation_id"],
                     turn_id=stored.body["turn_id"],
-                    status_code=stored.status_code if stored.status_code != 202 else 200,
+                    # What the first answer said: the endpoint's status (201 for a create), not
+                    # the stored 202 of a background turn, which a stream never answers.
+                    status_code=status_code,
                     headers={"Idempotent-Replayed": "true"},
                 )
             return JSONResponse(
@@ -515,9 +517,11 @@ async def list_events(
     conversation = await service.get(tenant=tenant, conversation_id=conversation_id)
     sessionmaker = request.app.state.sessionmaker
     if last_event_id is not None:
-        if not last_event_id.strip().isdigit() or int(last_event_id) > SEQ_MAX:
+        seq = last_event_id.strip()
+        # ASCII digits only: str.isdigit() is also true of superscripts, which int() refuses (a 500).
+        if not (seq.isascii() and seq.isdigit()) or int(seq) > SEQ_MAX:
             raise BadRequest(f"Last-Event-ID {last_event_id!r} is not an event seq of this conversation.")
-        after = int(last_event_id)
+        after = int(seq)
     async with sessionmaker() as session:
         last = await EventRepository(session).last_seq(conversation_id=conversation.id)
     if after > last:

@@ -651,7 +651,10 @@ class ConversationService:
         if row is None or conversation is None:
             return  # deleted meanwhile
         started = time.perf_counter()
-        holder = await self.locks.acquire(conversation.id, turn_id=turn_id)
+        # Kept apart: after the rollback of a discarded outcome the loaded objects are expired, and
+        # reading an attribute would be a lazy load, which asyncio cannot do (MissingGreenlet).
+        conversation_id = conversation.id
+        holder = await self.locks.acquire(conversation_id, turn_id=turn_id)
         if holder not in (None, turn_id):
             await self._end_unrun(
                 row,
@@ -711,7 +714,7 @@ class ConversationService:
                 log.warning("stored_turn_discarded", turn_id=turn_id, reason="the conversation moved on")
                 return
         finally:
-            await self.locks.release(conversation.id, turn_id=turn_id)
+            await self.locks.release(conversation_id, turn_id=turn_id)
         await self._ended(conversation, turn, rows=rows, recorder=recorder)
         _count(turn, started=started)
 
