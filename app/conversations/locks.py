@@ -6,9 +6,6 @@ the lease expires and the next request proceeds. A running turn renews its lease
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Protocol
 
@@ -122,28 +119,3 @@ class DatabaseLocks:
             return await ConversationRepository(session).lock_holder(
                 conversation_id=conversation_id, now=utcnow()
             )
-
-
-@contextlib.asynccontextmanager
-async def keep_alive(
-    locks: ConversationLocks, conversation_id: str, *, turn_id: str, every: float
-) -> AsyncIterator[None]:
-    """Renew the lease every ``every`` seconds while the body runs."""
-
-    async def _renew() -> None:
-        while True:
-            await asyncio.sleep(every)
-            try:
-                if not await locks.renew(conversation_id, turn_id=turn_id):
-                    log.warning("lock_lost", conversation_id=conversation_id, turn_id=turn_id)
-                    return
-            except Exception:  # a blip in Redis/DB must not kill the turn
-                log.exception("lock_renew_failed", conversation_id=conversation_id)
-
-    task = asyncio.create_task(_renew())
-    try:
-        yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task

@@ -217,6 +217,18 @@ class ConversationRepository:
         )
         return bool(getattr(result, "rowcount", 0))
 
+    async def finish_running(
+        self, *, turn_id: str, status: str, error: dict[str, Any] | None, now: datetime
+    ) -> bool:
+        """End a running turn whatever its lease (its own runner gives it up)."""
+        result = await self.session.execute(
+            update(Turn)
+            .where(Turn.id == turn_id, Turn.status == "running")
+            .values(status=status, error=error, finished_at=now, lease_owner=None, lease_expires_at=None)
+            .execution_options(synchronize_session=False)
+        )
+        return bool(getattr(result, "rowcount", 0))
+
     async def stale_turns(self, *, now: datetime, queued_before: datetime, limit: int = 100) -> list[Turn]:
         """Turns whose runner is gone (running, lease expired) or that waited too long in the queue."""
         result = await self.session.execute(

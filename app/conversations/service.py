@@ -34,6 +34,7 @@ from app.events.repository import EventRepository
 from app.events.schemas import EventType
 from app.events.webhooks import schedule_turn_webhook, webhook_event
 from app.helpers import HELPERS, Usage
+from app.kit import periodic
 from app.kit.clock import utcnow
 from app.kit.errors import Conflict, Gone, NotFound, PayloadTooLarge, PreconditionFailed, Unprocessable
 from app.kit.idempotency import Idempotency
@@ -482,6 +483,7 @@ class ConversationService:
                     extra={"current": {"turn_id": holder}},
                 )
         detached = False
+        recorder: TurnRecorder | None = None
         try:
             history: list[StoredMessage] = []
             next_seq = 1
@@ -553,6 +555,15 @@ class ConversationService:
                 )
             # Commit before the lock is released: the next turn must see this one's state.
             await self.session.commit()
+        except BaseException:
+            if not detached and recorder is not None:
+                await recorder.close()
+                if not new:
+                    # Our own transaction may hold the turn's row: end it first, or the update waits on us.
+                    with contextlib.suppress(Exception):
+                        await self.session.rollback()
+                    await self._abandon(turn_id)
+            raise
         finally:
             if not new and not detached:
                 await self.locks.release(conversation.id, turn_id=turn_id)
@@ -578,6 +589,24 @@ class ConversationService:
                 event_type=webhook_event(turn.status),
                 turn=turn.model_dump(mode="json"),
             )
+
+    async def _abandon(self, turn_id: str) -> None:
+        """A waited-for turn failed before its outcome was stored (the store failed under it): its
+        row ends ``failed`` at once, best effort, so a retry need not wait for its lease to lapse."""
+        if self.sessionmaker is None:
+            return
+        error = TurnError(
+            code="turn_not_stored",
+            message="The turn's outcome could not be stored; send the request again.",
+            retryable=True,
+        )
+        try:
+            async with self.sessionmaker() as session, session.begin():
+                await ConversationRepository(session).finish_running(
+                    turn_id=turn_id, status="failed", error=_error_json(error), now=utcnow()
+                )
+        except Exception:
+            log.warning("turn_abandon_failed", turn_id=turn_id, exc_info=True)
 
     async def _start_detached(
         self,
@@ -777,34 +806,26 @@ class ConversationService:
         owner = self.control.owner if self.control is not None else None
         lease = timedelta(seconds=self.settings.lock_lease_seconds)
 
-        async def watch() -> None:
-            renewed = time.monotonic()
-            while True:
-                await asyncio.sleep(min(every, poll))
-                try:
-                    if time.monotonic() - renewed >= every:
-                        renewed = time.monotonic()
-                        if not await self.locks.renew(conversation_id, turn_id=turn_id):
-                            log.warning("lock_lost", conversation_id=conversation_id, turn_id=turn_id)
-                        if owner is not None and self.sessionmaker is not None:
-                            async with self.sessionmaker() as session, session.begin():
-                                await ConversationRepository(session).renew_turn(
-                                    turn_id=turn_id, owner=owner, until=utcnow() + lease
-                                )
-                    if self.sessionmaker is not None and not cancel.is_set():
-                        async with self.sessionmaker() as session:
-                            if await ConversationRepository(session).cancel_requested(turn_id=turn_id):
-                                cancel.set()
-                except Exception:  # a blip in Redis/DB must not kill the turn
-                    log.warning("turn_watch_failed", turn_id=turn_id, exc_info=True)
+        renewed = time.monotonic()
 
-        task = asyncio.create_task(watch())
-        try:
+        async def step() -> None:
+            nonlocal renewed
+            if time.monotonic() - renewed >= every:
+                renewed = time.monotonic()
+                if not await self.locks.renew(conversation_id, turn_id=turn_id):
+                    log.warning("lock_lost", conversation_id=conversation_id, turn_id=turn_id)
+                if owner is not None and self.sessionmaker is not None:
+                    async with self.sessionmaker() as session, session.begin():
+                        await ConversationRepository(session).renew_turn(
+                            turn_id=turn_id, owner=owner, until=utcnow() + lease
+                        )
+            if self.sessionmaker is not None and not cancel.is_set():
+                async with self.sessionmaker() as session:
+                    if await ConversationRepository(session).cancel_requested(turn_id=turn_id):
+                        cancel.set()
+
+        async with periodic.every(min(every, poll), step, name=f"watch {turn_id}"):
             yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
     def _turn_row(
         self,

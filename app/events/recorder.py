@@ -12,7 +12,6 @@ reader of the store see exactly the same events with the same seqs.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -27,6 +26,8 @@ from app.kit.clock import utcnow
 from app.kit.ids import new_id
 
 log = structlog.get_logger(__name__)
+
+DRAIN_WAIT_SECONDS = 5.0
 
 
 class TurnRecorder:
@@ -52,6 +53,7 @@ class TurnRecorder:
         self._pending: list[dict[str, Any]] = []
         self._flusher: asyncio.Task[None] | None = None
         self._writing = False  # the flusher is inside its transaction: wait for it, never cancel it
+        self._failed = False  # the last background write failed
         self.root: str | None = None  # the id of this turn's ``turn.started``
 
     # -- recording (synchronous: called from the loop's hot path) --------------------------------
@@ -96,6 +98,7 @@ class TurnRecorder:
     def _schedule(self) -> None:
         if self._sessionmaker is None or self._flusher is not None:
             return
+        self._failed = False
         self._flusher = asyncio.get_running_loop().create_task(self._flush_later())
 
     async def _flush_later(self) -> None:
@@ -106,7 +109,9 @@ class TurnRecorder:
         finally:
             self._writing = False
             self._flusher = None
-            if self._pending and self._sessionmaker is not None:
+            # After a failed write the events wait for the next emit or for ``drain``: a store that
+            # refuses them (down, or a constraint) is not hammered every interval.
+            if self._pending and self._sessionmaker is not None and not self._failed:
                 self._schedule()
 
     async def _write_pending(self) -> None:
@@ -116,25 +121,45 @@ class TurnRecorder:
         try:
             async with self._sessionmaker() as session, session.begin():
                 await EventRepository(session).append(batch)
+        except asyncio.CancelledError:
+            self._pending[:0] = batch  # written or not, unknown: the final transaction settles it
+            raise
         except Exception:
             # Not lost: they go into the turn's final transaction with the rest.
             log.warning("events_flush_failed", conversation_id=self.conversation_id, exc_info=True)
             self._pending[:0] = batch
+            self._failed = True
             return
+        self._failed = False
         await self.publish(batch)
+
+    async def _stop_flusher(self) -> None:
+        """No more background writes: a sleeping flusher is cancelled, a writing one awaited for
+        up to ``DRAIN_WAIT_SECONDS`` (a connection the store broke can hang), then cancelled; the
+        batch of a cancelled write goes back to the pending events."""
+        flusher, self._sessionmaker = self._flusher, None
+        if flusher is None:
+            return
+        if not self._writing:
+            flusher.cancel()
+        done, _ = await asyncio.wait({flusher}, timeout=DRAIN_WAIT_SECONDS)
+        if not done:
+            log.warning("events_flush_stuck", conversation_id=self.conversation_id)
+            flusher.cancel()
+            await asyncio.wait({flusher}, timeout=1.0)
 
     async def drain(self, session: AsyncSession) -> list[dict[str, Any]]:
         """Stop writing in the background and add what is left to ``session``'s transaction; the
         caller commits it and then calls ``publish`` with the returned rows."""
-        flusher, self._sessionmaker = self._flusher, None
-        if flusher is not None:
-            if not self._writing:
-                flusher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await flusher
+        await self._stop_flusher()
         batch, self._pending = self._pending, []
         await EventRepository(session).append(batch)
         return batch
+
+    async def close(self) -> None:
+        """The turn failed before its final transaction: stop writing, drop what is unwritten."""
+        await self._stop_flusher()
+        self._pending = []
 
     async def publish(self, rows: Sequence[dict[str, Any]]) -> None:
         """Tell live watchers about committed events (best effort: they fall back to the store)."""

@@ -16,20 +16,20 @@ lost its claim cannot store its response: its transaction, and the work in it, i
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
 import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 from sqlalchemy import and_, delete, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from app.kit import periodic
 from app.kit.clock import utcnow
 from app.kit.errors import Conflict, Unprocessable
 from app.models import IdempotencyRecord
@@ -258,26 +258,17 @@ class Idempotency:
     async def kept_alive(self) -> AsyncIterator[None]:
         """Renew the claim every third of its lease while the body (the work) runs."""
 
-        async def _renew() -> None:
-            while True:
-                await asyncio.sleep(self.lease_seconds / 3)
-                if self._completing:
-                    return
-                try:
-                    if not await self.renew():
-                        if not self._completing:
-                            log.warning("idempotency_claim_lost", tenant=self.tenant, key=self.key)
-                        return
-                except Exception:  # a blip in the store must not kill the request
-                    log.exception("idempotency_renew_failed", tenant=self.tenant, key=self.key)
+        async def renew() -> Literal["stop"] | None:
+            if self._completing:
+                return "stop"
+            if not await self.renew():
+                if not self._completing:
+                    log.warning("idempotency_claim_lost", tenant=self.tenant, key=self.key)
+                return "stop"
+            return None
 
-        task = asyncio.create_task(_renew())
-        try:
+        async with periodic.every(self.lease_seconds / 3, renew, name=f"idempotency {self.key[:40]}"):
             yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
     async def complete(self, session: AsyncSession, *, status_code: int, body: dict[str, Any]) -> None:
         """Store the response in ``session``'s transaction: it commits with the work it describes.
