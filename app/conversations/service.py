@@ -529,21 +529,15 @@ class ConversationService:
                 self.session.add(self._turn_row(conversation, turn_id=turn_id, status="running"))
                 # Phase 1 ends: release the connection while the model and the sandbox work.
                 await self.session.commit()
-            with self._cancel_signal(turn_id) as cancel:
-                async with (
-                    self._watch(conversation.id, turn_id=turn_id, cancel=cancel)
-                    if not new
-                    else contextlib.nullcontext()
-                ):
-                    outcome = await self._run_loop(
-                        conversation,
-                        turn_id=turn_id,
-                        history=history,
-                        new_messages=new_messages,
-                        resume=resume,
-                        events=recorder,
-                        cancel=cancel,
-                    )
+            outcome = await self._watched_loop(
+                conversation,
+                turn_id=turn_id,
+                history=history,
+                new_messages=new_messages,
+                resume=resume,
+                recorder=recorder,
+                watch=not new,
+            )
             if new:
                 self.repo.add(conversation)
             turn, rows = await self._persist(
@@ -722,17 +716,15 @@ class ConversationService:
                 sessionmaker=self.sessionmaker,
                 flush_interval=self.settings.events_flush_seconds,
             )
-            with self._cancel_signal(turn_id) as cancel:
-                async with self._watch(conversation.id, turn_id=turn_id, cancel=cancel):
-                    outcome = await self._run_loop(
-                        conversation,
-                        turn_id=turn_id,
-                        history=history,
-                        new_messages=new_messages,
-                        resume=resume,
-                        events=recorder,
-                        cancel=cancel,
-                    )
+            outcome = await self._watched_loop(
+                conversation,
+                turn_id=turn_id,
+                history=history,
+                new_messages=new_messages,
+                resume=resume,
+                recorder=recorder,
+                watch=True,
+            )
             try:
                 turn, rows = await self._persist(
                     conversation, turn_id=turn_id, outcome=outcome, recorder=recorder
@@ -786,6 +778,35 @@ class ConversationService:
             break
         await self.locks.release(conversation.id, turn_id=row.id)
         return turn
+
+    async def _watched_loop(
+        self,
+        conversation: Conversation,
+        *,
+        turn_id: str,
+        history: Sequence[StoredMessage],
+        new_messages: list[TranscriptMessage],
+        resume: ResumeBlock | None,
+        recorder: TurnRecorder,
+        watch: bool,
+    ) -> TurnOutcome:
+        """The loop with its cancel signal registered and, for a stored conversation (``watch``),
+        its lock and lease renewed and its row polled for a cancel."""
+        with self._cancel_signal(turn_id) as cancel:
+            async with (
+                self._watch(conversation.id, turn_id=turn_id, cancel=cancel)
+                if watch
+                else contextlib.nullcontext()
+            ):
+                return await self._run_loop(
+                    conversation,
+                    turn_id=turn_id,
+                    history=history,
+                    new_messages=new_messages,
+                    resume=resume,
+                    events=recorder,
+                    cancel=cancel,
+                )
 
     @contextlib.contextmanager
     def _cancel_signal(self, turn_id: str) -> Iterator[asyncio.Event]:
