@@ -39,8 +39,9 @@ if TYPE_CHECKING:  # the stubs' name for the classes jsonschema creates at run t
 
 # Keyword evaluations one check may make: a base, plus a few per JSON value of the arguments, so the
 # worst case grows linearly with their size like a legitimate check does (which needs 1-3 per value).
-# jsonschema takes 10-20 µs a keyword, so a pathological schema stops within about 0.2 s.
-BASE_STEPS: Final = 10_000
+# jsonschema takes 10-20 µs a keyword, so a pathological schema stops within about 40 ms (a tool
+# schema of a hundred properties needs a few hundred), and stays well under a second on a busy host.
+BASE_STEPS: Final = 2_000
 STEPS_PER_VALUE: Final = 10
 PATTERN_CACHE_SIZE: Final = 256
 SCHEMA_CACHE_SIZE: Final = 2048
