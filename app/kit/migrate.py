@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection
 
 from app.kit.datadir import secure_sqlite_file
 from app.kit.db import create_engine
@@ -36,12 +40,25 @@ async def upgrade(database_url: str, *, revision: str = "head") -> None:
     config = alembic_config(database_url)
     async with engine.begin() as connection:
 
-        def _upgrade(sync_connection: object) -> None:
+        def _upgrade(sync_connection: Connection) -> None:
+            # Already there (every start of the embedded store but the first): skip Alembic's env.
+            if revision == "head" and MigrationContext.configure(sync_connection).get_current_heads() == (
+                _head(),
+            ):
+                return
             config.attributes["connection"] = sync_connection
             command.upgrade(config, revision)
 
         await connection.run_sync(_upgrade)
     await engine.dispose()
+
+
+@functools.cache
+def _head() -> str:
+    """The newest revision of our migrations (one, as they form a line)."""
+    head = ScriptDirectory.from_config(alembic_config("unused")).get_current_head()
+    assert head is not None
+    return head
 
 
 def upgrade_sync(database_url: str, *, revision: str = "head") -> None:

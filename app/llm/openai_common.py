@@ -9,12 +9,15 @@ half-way is reported, never silently restarted, because the caller may already h
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
+import ssl
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any, Final
 from urllib.parse import urlsplit, urlunsplit
 
+import httpx
 import openai
 
 from app.llm.base import (
@@ -103,6 +106,12 @@ class StreamOutcome:
         self.output_tokens: int | None = None
 
 
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """One TLS context per process (loading the CA bundle costs tens of milliseconds a client)."""
+    return httpx.create_ssl_context()
+
+
 class OpenAICompatibleClient(ABC):
     """Base of both clients: owns the `AsyncOpenAI` client, the retry loop and the error mapping."""
 
@@ -129,6 +138,7 @@ class OpenAICompatibleClient(ABC):
             base_url=base_url,
             timeout=openai.Timeout(timeout, connect=min(timeout, _MAX_CONNECT_TIMEOUT)),
             max_retries=0,  # ours are the only retries: see the module docstring
+            http_client=openai.DefaultAsyncHttpxClient(verify=_tls_context()),
         )
         self._where = _redact_url(str(self._client.base_url))
 

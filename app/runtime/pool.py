@@ -73,7 +73,9 @@ _CLOSE_TIMEOUT_SECONDS: Final = 10.0
 _MAX_RESPAWN_DELAY: Final = 30.0
 _PROBE_TIMEOUT_SECONDS: Final = 60.0
 # Whether bubblewrap works here, by (bwrap, workspaces, euid): None when it does, else why not.
-_probe_cache: dict[tuple[str, str, int], str | None] = {}
+# Probe results per (bwrap, filesystem of the workspaces, user): what decides whether bubblewrap's
+# set-up works, so a process that starts many pools (tests, several apps) probes once per place.
+_probe_cache: dict[tuple[str, int, int], str | None] = {}
 
 OnCall = Callable[[HelperCall], Awaitable[CallReply]]
 
@@ -453,7 +455,7 @@ class RuntimePool:
                 self._userns_fd = await asyncio.to_thread(isolation.create_userns, self._identity)
             except OSError as exc:
                 return f"cannot create a user namespace: {exc}"
-        key = (bwrap, str(self._workspaces), os.geteuid())
+        key = (bwrap, os.stat(self._workspaces).st_dev, os.geteuid())
         if key not in _probe_cache:
             _probe_cache[key] = await self._run_probe(bwrap)
         return _probe_cache[key]
