@@ -515,6 +515,9 @@ async def list_events(
     (``Accept: text/event-stream``), what is stored after ``Last-Event-ID`` (or ``after``), then the
     running turn live until its end event (``follow=true``: every later turn too)."""
     conversation = await service.get(tenant=tenant, conversation_id=conversation_id)
+    # End the request's transaction now: a stream can stay open for hours, and the dependency would
+    # otherwise keep its connection (idle in transaction) until then: 30 followers, an empty pool.
+    await service.session.commit()
     sessionmaker = request.app.state.sessionmaker
     if last_event_id is not None:
         seq = last_event_id.strip()

@@ -3,10 +3,12 @@ started on A is watched on B as it happens, and a watcher that disconnects resum
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from typing import Any
 
+import asyncpg
 import httpx
 
 from app.llm.scripted import Reply, ScriptedLLM
@@ -47,3 +49,37 @@ async def test_a_turn_on_a_is_watched_live_on_b_and_resumed_after_a_disconnect(
         text = "".join(e["data"]["data"]["text"] for e in seen + rest if e["event"] == "llm.delta")
         assert text == "word " * 60
         json.dumps(stored)  # plain JSON all the way
+
+
+async def test_open_followers_hold_no_database_connection(
+    two_servers: tuple[str, str],  # noqa: F811
+    postgres_url: str,
+    llm: ScriptedLLM,
+) -> None:
+    """An SSE follower holds nothing of the store while it waits (the request's transaction ended
+    before the stream began): followers beyond the pool's size still open, the replica still answers."""
+    a, b = two_servers
+    llm.script("hello")
+    async with httpx.AsyncClient(timeout=30) as http:
+        conv = (await http.post(f"{a}/v1/conversations", json={"input": "hi"})).json()["conversation_id"]
+        url = f"{b}/v1/conversations/{conv}/events?follow=true"
+        async with contextlib.AsyncExitStack() as stack:
+            for _ in range(35):  # more than the pool's 20 + 10 connections
+                response = await stack.enter_async_context(
+                    http.stream("GET", url, headers={"Accept": "text/event-stream"})
+                )
+                assert response.status_code == 200
+            started = time.monotonic()
+            state = await http.get(f"{b}/v1/conversations/{conv}")
+            assert state.status_code == 200, state.text
+            assert time.monotonic() - started < 2
+            dsn = postgres_url.replace("postgresql+asyncpg://", "postgresql://")
+            admin = await asyncpg.connect(dsn)
+            try:
+                idle = await admin.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND state = 'idle in transaction' AND pid <> pg_backend_pid()"
+                )
+            finally:
+                await admin.close()
+            assert idle == 0
