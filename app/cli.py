@@ -8,10 +8,10 @@ from typing import Annotated
 
 import typer
 
-from app.config import Settings, is_loopback
+from app.auth.cli import keys
+from app.config import Settings
 
 cli = typer.Typer(help="SABRE: run LLM agents that act by writing Python, over HTTP.", no_args_is_help=True)
-keys = typer.Typer(help="Manage API keys (stored hashed).", no_args_is_help=True)
 cli.add_typer(keys, name="keys")
 personas = typer.Typer(help="Check and inspect persona files.", no_args_is_help=True)
 cli.add_typer(personas, name="personas")
@@ -48,25 +48,38 @@ def serve(
     if workers is not None:
         os.environ["SABRE_WEB_WORKERS"] = str(workers)
     settings = Settings()
-    if not settings.api_keys and not is_loopback(settings.host):
-        typer.echo(
-            f"note: binding {settings.host} requires API keys (SABRE_API_KEYS or `sabre keys create`)",
-            err=True,
-        )
-    configure_logging()
+    configure_logging(level=settings.log_level, fmt=settings.log_format)
+    from app.kit.metrics import share_across_processes
+
+    if settings.web_workers > 1:
+        share_across_processes()
+    if settings.metrics_port is not None:
+        _serve_metrics(settings)
     if settings.is_sqlite and settings.web_workers > 1:
         # Upgrade once here, not concurrently in every worker's lifespan.
         from app.kit.migrate import upgrade_sync
 
         upgrade_sync(settings.effective_database_url)
     uvicorn.run(
-        "app.main:create_app",
+        "app.main:create_served_app",
         factory=True,
         host=settings.host,
         port=settings.port,
         workers=settings.web_workers,
         log_level="warning",
     )
+
+
+def _serve_metrics(settings: Settings) -> None:
+    """Start the metrics port, or say in one line why it cannot be and exit 2."""
+    from app.kit.metrics import start_metrics_server
+
+    try:
+        start_metrics_server(settings)
+    except OSError as exc:
+        where = f"{settings.metrics_host}:{settings.metrics_port}"
+        typer.echo(f"cannot serve metrics on {where} (SABRE_METRICS_PORT): {exc.strerror or exc}", err=True)
+        raise typer.Exit(code=2) from None
 
 
 @cli.command()
@@ -89,7 +102,9 @@ def worker(
     if settings.is_sqlite:
         typer.echo(SQLITE_REFUSAL, err=True)
         raise typer.Exit(code=2)
-    configure_logging()
+    configure_logging(level=settings.log_level, fmt=settings.log_format)
+    if settings.metrics_port is not None:
+        _serve_metrics(settings)
     try:
         code = asyncio.run(
             run_worker_process(settings, concurrency=concurrency or settings.worker_concurrency)
@@ -98,6 +113,28 @@ def worker(
         typer.echo(str(exc), err=True)
         raise typer.Exit(code=2) from None
     raise typer.Exit(code=code)
+
+
+@cli.command()
+def chat(
+    url: Annotated[
+        str, typer.Option(envvar="SABRE_URL", help="The server (default: a local sabre serve).")
+    ] = "http://127.0.0.1:8011",
+    api_key: Annotated[
+        str | None, typer.Option(envvar="SABRE_API_KEY", help="API key (none for a local open server).")
+    ] = None,
+    persona: Annotated[str, typer.Option(help="The persona to talk to.")] = "default",
+    tools: Annotated[
+        Path | None, typer.Option(help="A JSON file of external tools (OpenAI function format) you answer.")
+    ] = None,
+    figures: Annotated[Path, typer.Option(help="Where figures are saved.")] = Path("sabre-figures"),
+) -> None:
+    """Chat with an agent in the terminal, over the HTTP API (the model's code and results as they come)."""
+    from app.chat_cli import ChatOptions, run_chat
+    from app.chat_cli.tools import load_tools
+
+    options = ChatOptions(url=url, api_key=api_key, persona=persona, figures=figures, tools=load_tools(tools))
+    raise typer.Exit(run_chat(options))
 
 
 @webhooks.command("secret")
@@ -122,40 +159,35 @@ def webhooks_secret(tenant: Annotated[str, typer.Argument(help="The tenant whose
     typer.echo(asyncio.run(_secret()))
 
 
+@cli.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+)
+def swe(ctx: typer.Context) -> None:
+    """Run SWE-bench instances through a SABRE server (`sabre swe --help`; integrations/swebench)."""
+    try:
+        from sabre_swebench.cli import main as swe_main
+    except ImportError:
+        typer.echo("sabre swe needs integrations/swebench: uv sync (dev) or pip install it", err=True)
+        raise typer.Exit(code=2) from None
+    raise typer.Exit(code=swe_main(ctx.args))
+
+
 @cli.command()
 def migrate() -> None:
     """Upgrade the configured store (SABRE_DATABASE_URL) to the latest schema."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from app.kit.db import store_problem
     from app.kit.migrate import upgrade_sync
 
     settings = Settings()
-    upgrade_sync(settings.effective_database_url)
-    typer.echo(f"upgraded {settings.effective_database_url.split('@')[-1]}")
-
-
-@keys.command("create")
-def keys_create(tenant: Annotated[str, typer.Option(help="The tenant the key acts for.")]) -> None:
-    """Create an API key; it is printed once and only its hash is stored."""
-    from app.auth.service import create_key
-    from app.kit.db import create_engine, create_sessionmaker
-    from app.kit.migrate import upgrade
-
-    async def _create() -> str:
-        settings = Settings()
-        if settings.is_sqlite:
-            await upgrade(settings.effective_database_url)
-        engine = create_engine(settings.effective_database_url)
-        try:
-            async with create_sessionmaker(engine)() as session, session.begin():
-                created = await create_key(session, tenant=tenant)
-        finally:
-            await engine.dispose()
-        return created.secret
-
+    url = settings.effective_database_url
     try:
-        secret = asyncio.run(_create())
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--tenant") from exc
-    typer.echo(secret)
+        upgrade_sync(url)
+    except (OSError, SQLAlchemyError, TimeoutError) as exc:
+        typer.echo(store_problem(url, exc), err=True)
+        raise typer.Exit(code=2) from None
+    typer.echo(f"upgraded {url.split('@')[-1]}")
 
 
 @cli.command()

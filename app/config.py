@@ -71,9 +71,10 @@ class Settings(BaseSettings):
     max_output_chars: int = Field(default=8_000, ge=100)
 
     runtime_workers: int = Field(default=2, ge=1, le=64)
-    # How long a block paused on an external tool keeps its process for a resume on this replica
-    # (0: never; the resume then replays the block from its snapshot and journal).
-    runtime_park_seconds: float = Field(default=10.0, ge=0, le=600)
+    # How long the process that ran a conversation's block stays bound to it on this replica, for
+    # its next block or the resume of a paused one (0: never; every block then starts in a fresh
+    # fork from the stored snapshot, and a resume replays the block from its journal).
+    runtime_live_seconds: float = Field(default=10.0, ge=0, le=600)
     runtime_preload: str = "numpy,pandas,matplotlib"
     block_cpu_seconds: float = 10.0
     block_memory_mb: int = 2048
@@ -135,6 +136,49 @@ class Settings(BaseSettings):
     # Browser.screenshot: a Chromium to drive instead of Playwright's own download (e.g. Debian's
     # /usr/bin/chromium); unset, Playwright's bundled browser is used.
     browser_executable: Path | None = None
+
+    # -- Operations (README, "Operations"): logs, traces, metrics, tenant limits, CORS ------------
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    # auto: JSON lines unless stderr is a terminal. Every process (each of `serve --workers N`,
+    # `sabre worker`) configures the same.
+    log_format: Literal["auto", "json", "console"] = "auto"
+    # OpenTelemetry traces over OTLP/HTTP (e.g. http://collector:4318/v1/traces). Unset: the
+    # standard OTEL_EXPORTER_OTLP_TRACES_ENDPOINT / OTEL_EXPORTER_OTLP_ENDPOINT; none: tracing off.
+    tracing_endpoint: str | None = None
+    # /metrics: on a port of its own (SABRE_METRICS_HOST, loopback by default; `sabre serve`
+    # serves every worker's metrics there), or on the API port behind `Authorization: Bearer
+    # <metrics key>`. Neither: on the API port, open, only for a keyless loopback server.
+    metrics_port: int | None = Field(default=None, ge=1, le=65535)
+    metrics_host: str = "127.0.0.1"
+    metrics_key: SecretStr | None = None
+    # Per-tenant limits (app.auth.limits): requests per window in `limits` notation
+    # ("120/minute", several with ';'), turns queued or running at once (0: unlimited), and model
+    # tokens per window ("2000000/day"). SABRE_TENANT_LIMITS overrides them per tenant, as JSON:
+    # {"acme": {"rate_limit": "600/minute", "max_concurrent_turns": 16, "token_quota": ""}}.
+    rate_limit: str = ""
+    max_concurrent_turns: int = Field(default=0, ge=0)
+    token_quota: str = ""
+    tenant_limits: str = ""
+    # Browser origins allowed to call the API (comma-separated, or *); empty: no CORS headers.
+    cors_origins: str = ""
+
+    @field_validator(
+        "database_url",
+        "redis_url",
+        "openai_api_key",
+        "openai_base_url",
+        "bwrap_path",
+        "browser_executable",
+        "webhook_secret",
+        mode="before",
+    )
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        """An empty optional setting is an unset one: compose's ``KEY: ${KEY:-}`` passes ``''``, and
+        ``AsyncOpenAI(base_url='')`` or an empty key would fail every model call."""
+        if isinstance(value, str) and not value.strip():
+            return None
+        return value
 
     @field_validator("database_url")
     @classmethod

@@ -6,16 +6,21 @@ sandbox pool, the LLM client, the turn loop), so a turn runs the same wherever i
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Final, Literal
+from urllib.parse import urlsplit
 
 import structlog
 from procrastinate import App as JobApp
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+from app.auth.limits import TenantLimiter, parse_policies
 from app.auth.repository import ApiKeyRepository
 from app.auth.service import Authenticator
 from app.config import Settings, is_loopback
@@ -26,9 +31,9 @@ from app.conversations.locks import ConversationLocks, DatabaseLocks, RedisLocks
 from app.events import webhooks
 from app.events.bus import EventBus, LocalBus, RedisBus
 from app.helpers.net import FetchLimits
-from app.kit import migrate
+from app.kit import migrate, tracing
 from app.kit.datadir import secure_data_dir
-from app.kit.db import create_engine, create_sessionmaker
+from app.kit.db import create_engine, create_sessionmaker, store_location, store_problem
 from app.kit.jobs import build_job_app, worker_in_process
 from app.kit.redis import create_redis
 from app.llm import make_llm_client
@@ -46,6 +51,8 @@ Role = Literal["api", "worker"]
 
 # The domains' job tasks (app.kit.jobs): every process's job app declares them all.
 JOB_BLUEPRINTS: Final = (webhooks.blueprint, background.blueprint)
+# How long start-up waits for the store and Redis to answer before refusing to start.
+STORE_START_SECONDS: Final = 15.0
 
 
 class StartupError(RuntimeError):
@@ -70,26 +77,34 @@ class Resources:
     bus: EventBus  # turn events and cancels, across replicas with Redis
     control: TurnControl  # this process's running turns: cancel signals, detached tasks
     jobs: JobApp  # the job engine (app.kit.jobs): defer jobs here; workers run them
+    limiter: TenantLimiter  # per-tenant rates, turns at once, token quotas (app.auth.limits)
 
 
 @asynccontextmanager
 async def open_resources(settings: Settings, *, role: Role = "api") -> AsyncIterator[Resources]:
     """Open every shared resource of one process (an API server or a ``sabre worker``), close them
     on exit; ``StartupError`` says why the process must not start."""
-    static_keys = settings.static_api_keys()
+    try:
+        static_keys = settings.static_api_keys()
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
     _check_webhook_settings(settings)
+    try:
+        parse_policies(settings)
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
     personas = load_configured_personas(settings)
     mcp = _mcp_manager(settings, personas=personas.values())
 
-    secure_data_dir(settings.data_dir)
-    if settings.is_sqlite:
-        # The embedded store upgrades itself; PostgreSQL is upgraded with `sabre migrate`.
-        await migrate.upgrade(settings.effective_database_url)
-    engine = create_engine(settings.effective_database_url, pre_ping=settings.database_pre_ping)
+    try:
+        secure_data_dir(settings.data_dir)
+    except OSError as exc:
+        raise StartupError(
+            f"The data directory {settings.data_dir} cannot be used ({exc.strerror or exc}): it must be "
+            "writable by this user (SABRE_DATA_DIR)."
+        ) from None
+    engine, stored_keys = await _open_store(settings)
     sessionmaker = create_sessionmaker(engine)
-
-    async with sessionmaker() as session:
-        stored_keys = await ApiKeyRepository(session).count_live()
     open_mode = not static_keys and stored_keys == 0
     if open_mode and not is_loopback(settings.host):
         await engine.dispose()
@@ -97,6 +112,12 @@ async def open_resources(settings: Settings, *, role: Role = "api") -> AsyncIter
             f"No API keys are configured, so SABRE only listens on a loopback address, not "
             f"{settings.host!r}. Set SABRE_API_KEYS=tenant:key or run `sabre keys create`."
         )
+    try:
+        _check_model(settings)
+        await _check_redis(settings)
+    except StartupError:
+        await engine.dispose()
+        raise
 
     # Off a keyless loopback-only server, blocks never run without namespaces unless
     # SABRE_SANDBOX=process says so: auto refuses to fall back.
@@ -106,7 +127,7 @@ async def open_resources(settings: Settings, *, role: Role = "api") -> AsyncIter
         preload=settings.preload_modules,
         sandbox=settings.sandbox,
         workspaces=settings.workspaces_dir,
-        park_seconds=settings.runtime_park_seconds,
+        live_seconds=settings.runtime_live_seconds,
         fallback=namespaces_required is None,
         bwrap=None if settings.bwrap_path is None else str(settings.bwrap_path),
     )
@@ -126,6 +147,8 @@ async def open_resources(settings: Settings, *, role: Role = "api") -> AsyncIter
             ),
         )
 
+    if tracing.start_tracing(settings):  # stopped with the rest below
+        tracing.instrument_engine(engine)
     redis: Redis | None = create_redis(settings.redis_url) if settings.redis_url else None
     locks: ConversationLocks = (
         RedisLocks(redis, lease_seconds=settings.lock_lease_seconds)
@@ -164,6 +187,7 @@ async def open_resources(settings: Settings, *, role: Role = "api") -> AsyncIter
         bus=bus,
         control=control,
         jobs=build_job_app(settings, blueprints=JOB_BLUEPRINTS),
+        limiter=TenantLimiter(settings, redis=redis),
     )
     control.run_here = lambda turn_id: run_stored_turn(resources, turn_id)
     control.defer = lambda turn_id: defer_turn(resources, turn_id)
@@ -193,6 +217,7 @@ async def open_resources(settings: Settings, *, role: Role = "api") -> AsyncIter
         if redis is not None:
             await redis.aclose()
         await engine.dispose()
+        tracing.stop_tracing()
 
 
 @asynccontextmanager
@@ -205,6 +230,71 @@ async def _job_worker(resources: Resources, *, role: Role) -> AsyncIterator[None
             yield
     else:
         yield
+
+
+async def _open_store(settings: Settings) -> tuple[AsyncEngine, int]:
+    """The store's engine and its live stored API keys; ``StartupError`` in one line when the
+    store cannot be reached or (PostgreSQL) its schema is not the one this code needs."""
+    url = settings.effective_database_url
+    engine: AsyncEngine | None = None
+    try:
+        async with asyncio.timeout(STORE_START_SECONDS):
+            if settings.is_sqlite:
+                # The embedded store upgrades itself; PostgreSQL is upgraded with `sabre migrate`.
+                await migrate.upgrade(url)
+            engine = create_engine(url, pre_ping=settings.database_pre_ping)
+            async with engine.connect() as connection:
+                problem = None if settings.is_sqlite else await connection.run_sync(migrate.schema_problem)
+            if problem is not None:
+                raise StartupError(f"The store at {store_location(url)} is not ready: {problem}.")
+            async with create_sessionmaker(engine)() as session:
+                return engine, await ApiKeyRepository(session).count_live()
+    except BaseException as exc:
+        if engine is not None:
+            await engine.dispose()
+        if isinstance(exc, OSError | SQLAlchemyError | TimeoutError | ImportError):
+            raise StartupError(store_problem(url, exc)) from None
+        raise
+
+
+def _check_model(settings: Settings) -> None:
+    """A model endpoint is configured: OpenAI itself needs a key (a local server may need none)."""
+    key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else ""
+    if settings.openai_base_url is None and not key.strip():
+        raise StartupError(
+            "No model is configured: set OPENAI_API_KEY for OpenAI, or OPENAI_BASE_URL (with "
+            "SABRE_LLM_API=chat for most servers) for another OpenAI-compatible server."
+        )
+
+
+async def _check_redis(settings: Settings) -> None:
+    """SABRE_REDIS_URL, when set, answers a PING (otherwise the first turn would fail instead)."""
+    if not settings.redis_url:
+        return
+    where = _redis_location(settings.redis_url)
+    try:
+        client = create_redis(settings.redis_url)
+    except ValueError as exc:
+        raise StartupError(f"SABRE_REDIS_URL is not a Redis URL ({exc}).") from None
+    try:
+        async with asyncio.timeout(STORE_START_SECONDS):
+            await client.ping()
+    except (RedisError, OSError, TimeoutError) as exc:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise StartupError(
+            f"Redis at {where} cannot be reached ({type(exc).__name__}: {reason[:300]}). "
+            "Check SABRE_REDIS_URL."
+        ) from None
+    finally:
+        await client.aclose()
+
+
+def _redis_location(url: str) -> str:
+    """A Redis URL without its password."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{host}{port}{parts.path}"
 
 
 def _check_webhook_settings(settings: Settings) -> None:

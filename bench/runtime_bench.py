@@ -3,9 +3,12 @@
 Prints one table: block-start latency (``run_block()`` called -> the block's first line running,
 from a ``time.perf_counter()`` the code prints; the clock is system-wide), the whole round trip,
 blocks per second for a trivial block with two workers, a resume after 1 and after 100 earlier
-external calls, idle worker memory, and two references: a cold ``python -c pass`` and the same
-trivial block run by ``exec()`` in-process (no isolation at all). Latencies are measured with the
-pool idle (each block finds a forked child waiting), as a request arriving at a server would.
+external calls, idle worker memory, CPU per block (server, workers and their children together), the
+same for the next block of a conversation whose process is live (``live_seconds``: no fork, no
+snapshot restore), alone and with two conversations at once, and two references: a cold
+``python -c pass`` and the same trivial block run by ``exec()`` in-process (no isolation at all).
+Latencies are measured with the pool idle (each block finds a forked child waiting), as a
+request arriving at a server would.
 
 Run: ``uv run python bench/runtime_bench.py [--workers 2] [--blocks 300] [--preload numpy,pandas]
 [--sandbox auto|bwrap|process]`` (the default preload is the pool's: numpy, pandas, matplotlib;
@@ -126,6 +129,99 @@ class Bench:
         return statistics.median(times[1]), statistics.median(times[100])
 
 
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu(root: int) -> float:
+    """CPU seconds used by ``root`` and every process below it, reaped children included."""
+    total, stack = 0.0, [root]
+    while stack:
+        pid = stack.pop()
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+            total += sum(int(x) for x in fields[11:15]) / _CLOCK_TICKS
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{task}/children") as children:
+                    stack += [int(c) for c in children.read().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total
+
+
+async def cpu_per_block(bench: Bench, blocks: int) -> float:
+    """CPU seconds per trivial block, fresh fork each (a new conversation's first block)."""
+    before = tree_cpu(os.getpid())
+    for _ in range(blocks):
+        await bench.run("x = 1")
+    return (tree_cpu(os.getpid()) - before) / blocks
+
+
+async def live_costs(
+    preload: Sequence[str], sandbox: SandboxMode, workspaces: Path, blocks: int
+) -> dict[str, float]:
+    """Follow-up blocks in live processes: start latency and round trip of the next block of a
+    conversation (its snapshot is the one its process left), sequential blocks/s and CPU per
+    block on one conversation, and blocks/s with two conversations at once (three workers: two
+    processes stay bound, one stays free)."""
+    async with RuntimePool(
+        size=3, preload=preload, sandbox=sandbox, workspaces=workspaces, live_seconds=60.0
+    ) as pool:
+        conversations = [workspaces / f"live-{i}" for i in range(2)]
+        for path in conversations:
+            path.mkdir()
+        snapshots: dict[Path, bytes | None] = dict.fromkeys(conversations)
+
+        async def block(path: Path, code: str = "x = 1") -> BlockOutcome:
+            outcome = await pool.run_block(
+                code=code,
+                snapshot=snapshots[path],
+                workdir=path,
+                limits=Limits(),
+                internal_helpers=(),
+                external_tools={},
+                journal=(),
+                on_call=suspend,
+            )
+            assert outcome.status == "ok", outcome.error
+            if outcome.snapshot is not None:
+                snapshots[path] = outcome.snapshot
+            return outcome
+
+        first = conversations[0]
+        await block(first, "import numpy as np\nrows = list(range(1000))\n")
+        starts, totals = [], []
+        for _ in range(300):
+            began = time.perf_counter()
+            outcome = await block(first, TRIVIAL)
+            totals.append(time.perf_counter() - began)
+            starts.append(float(outcome.stdout) - began)
+        cpu_before = tree_cpu(os.getpid())
+        began = time.perf_counter()
+        for _ in range(blocks):
+            await block(first)
+        sequential = blocks / (time.perf_counter() - began)
+        cpu = (tree_cpu(os.getpid()) - cpu_before) / blocks
+
+        async def chain(path: Path) -> None:
+            for _ in range(blocks):
+                await block(path)
+
+        await block(conversations[1])
+        began = time.perf_counter()
+        await asyncio.gather(*(chain(path) for path in conversations))
+        parallel = 2 * blocks / (time.perf_counter() - began)
+        assert pool.live_processes == 2
+    return {
+        "start": pct(starts, 0.5),
+        "start_p95": pct(starts, 0.95),
+        "total": pct(totals, 0.5),
+        "sequential": sequential,
+        "parallel": parallel,
+        "cpu": cpu,
+    }
+
+
 def _children(pid: int) -> list[int]:
     found = []
     for entry in os.listdir("/proc"):
@@ -218,9 +314,11 @@ async def main(workers: int, blocks: int, preload: Sequence[str], sandbox: Sandb
             starts, totals = await bench.start_latency(200, None)
             snap_starts, snap_totals = await bench.start_latency(100, data.snapshot)
             rate = await bench.throughput(blocks)
+            fresh_cpu = await cpu_per_block(bench, min(blocks, 200))
             await bench.until_idle()
             rss, private = memory()
             resume_1, resume_100 = await bench.resume_costs(40)
+        live = await live_costs(preload, sandbox, workspaces, blocks)
     spawn = cold_spawn()
     exec_time = in_process()
 
@@ -263,6 +361,16 @@ async def main(workers: int, blocks: int, preload: Sequence[str], sandbox: Sandb
             f"{rss:.1f} MiB",
             f"+ {private:.1f} MiB private per idle child (budget <= 100 MiB)",
         ),
+        ("CPU per block, fresh fork", f"{fresh_cpu * ms:.2f} ms", "server + workers + children"),
+        (
+            "live: next block start p50 / p95",
+            f"{live['start'] * ms:.3f} / {live['start_p95'] * ms:.3f} ms",
+            "its conversation's process is live (no fork, no restore)",
+        ),
+        ("live: next block round trip p50", f"{live['total'] * ms:.3f} ms", "budget <= 0.3 ms"),
+        ("live: blocks/s, one conversation", f"{live['sequential']:.0f}", "one block after another"),
+        ("live: blocks/s, two conversations", f"{live['parallel']:.0f}", "budget >= 2,000 on two cores"),
+        ("live: CPU per block", f"{live['cpu'] * ms:.2f} ms", "server + workers + children"),
         ("cold `python -c pass`", f"{spawn * ms:.1f} ms", "reference: a spawn per block would cost this"),
         ("in-process exec() of a block", f"{exec_time * ms:.3f} ms", "reference: no isolation at all"),
     ]

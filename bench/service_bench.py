@@ -1,20 +1,34 @@
 """SABRE service benchmark: turn overhead, snapshot size, pause/resume cost, and the DESIGN §9 workload
-against the floor, all in one run and on one machine, printed as markdown tables.
+on SABRE, the LangGraph build and the floor side by side, all in one run on one machine, as markdown.
 
-Run: ``uv run python bench/service_bench.py [--quick]``.
+Run (the LangGraph build needs the ``bench`` dependency group)::
 
-What it starts: a fresh PostgreSQL database (``sabre_bench_<hex>``, migrated, dropped at the end), a
-ScriptedLLM inside this process that answers instantly (its replies are chosen by a responder from a
-scenario tag in the conversation's first user message), the SABRE service as a separate process
-(``python -m app.cli serve``, PostgreSQL + Redis, ``--runtime-workers`` sandbox workers, default 2), and
-the floor of DESIGN §9 (``bench/floor_app.py``: FastAPI + one PostgreSQL transaction per request) under
-uvicorn in its own process. Nothing is asserted: figures are printed next to their budgets, and the
-machines are noisy.
+    uv run --group bench python bench/service_bench.py                  # everything, a few minutes
+    uv run --group bench python bench/service_bench.py --quick          # fewer samples, shorter load
+    uv run --group bench python bench/service_bench.py --workload-only  # only the §9 comparison
 
-"LLM time" is the ScriptedLLM's own ``time_spent`` during a request; "overhead" is the request's latency
-minus that, i.e. what the service adds. The scripted LLM, the HTTP clients and the servers share the
-machine's cores, so absolute figures are pessimistic; ratios against the floor measured in the same run
-are the figures to read.
+What it starts: two fresh PostgreSQL databases (``sabre_bench_<hex>``, migrated, for SABRE and the
+floor; ``sabre_bench_lg_<hex>`` for LangGraph's checkpointer; both dropped at the end), one scripted
+OpenAI-compatible model inside this process that answers instantly (its replies are chosen by a
+responder from a scenario tag in the conversation's first user message; ``bench/scripted_tool_calls.py``
+lets it answer with Chat Completions tool calls too), and three servers, each in its own process with
+the same number of server processes (``--web-workers``, default 1) and uvicorn's auto loop:
+
+- SABRE: ``python -m app.cli serve``, PostgreSQL + Redis, ``--runtime-workers`` sandbox workers (2);
+- the LangGraph build (``bench/langgraph_app.py``): FastAPI + a LangGraph ``StateGraph`` whose external
+  tool pauses the run with ``interrupt()`` and resumes with ``Command(resume=...)``, state in
+  ``AsyncPostgresSaver`` on one psycopg pool: what a user would build instead of SABRE;
+- the floor (``bench/floor_app.py``): FastAPI + one PostgreSQL transaction per request.
+
+The §9 workload: start a conversation → the model asks for an external tool → the turn pauses and the
+response carries the call → resume with the tool's result → the model answers. Section 5 runs it on
+the three targets (sequential, then 8 concurrent clients, with the CPU each used); section 6 prints
+them side by side with ratios and issue 12's goals (``--json PATH`` also writes those figures).
+Nothing is asserted: the machines are noisy, so read ratios measured in the same run.
+
+"LLM time" is the scripted model's own ``time_spent`` during a request; "overhead" is the request's
+latency minus that, i.e. what the service adds. The model, the HTTP clients and the servers share the
+machine's cores, so absolute figures are pessimistic.
 
 Environment: ``SABRE_BENCH_DATABASE_URL`` (admin DSN, default postgresql://postgres@127.0.0.1:5432/postgres)
 and ``SABRE_BENCH_REDIS_URL`` (default redis://127.0.0.1:6379/0).
@@ -25,6 +39,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.metadata
+import importlib.util
+import json
 import os
 import pickle
 import platform
@@ -46,17 +63,17 @@ import httpx
 import numpy as np
 
 from app.kit.migrate import upgrade
-from app.llm.scripted import RecordedRequest, ScriptedLLM
+from app.llm.scripted import RecordedRequest, Reply
+from bench.scripted_tool_calls import ScriptedToolCall, ToolCallingScriptedLLM, ToolCallReply
 
 ROOT = Path(__file__).resolve().parents[1]
 ADMIN_DSN = os.environ.get("SABRE_BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("SABRE_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 
-# DESIGN §9 reference figures (LangGraph is not installed here: its numbers are quoted, not measured).
-DESIGN_FLOOR_P50_MS = (3.0, 4.0)
-DESIGN_FLOOR_CPS = (190, 320)
-DESIGN_LANGGRAPH_P50_MS = (14.0, 18.0)
-DESIGN_LANGGRAPH_CPS = (26, 34)
+# Issue 12's goals on the DESIGN §9 workload, measured against the peers in the same run.
+GOAL_VS_LANGGRAPH_P50 = 0.5
+GOAL_VS_FLOOR_P50 = 3.0
+GOAL_VS_LANGGRAPH_RATE = 3.0
 
 ANSWER = "All done."
 GET_ORDER = {
@@ -79,6 +96,10 @@ DF_BLOCK = (
     "print(df.shape)"
 )
 WORK_BLOCK = 'order = get_order_details(order_id="1")\nprint(order["status"])'
+# The same request, the way the LangGraph build's model asks for it (a Chat Completions tool call).
+WORK_CALL = ToolCallReply(
+    tool_calls=[ScriptedToolCall(name="get_order_details", arguments={"order_id": "1"})]
+)
 
 
 def loop_block(calls: int) -> str:
@@ -93,7 +114,7 @@ TAG = re.compile(r"\[bench:(\w+)(?::(\d+))?\]")
 
 
 class Responder:
-    """Answer after a block ran; otherwise send the block of the conversation's scenario.
+    """Answer after a block ran (or a tool result came); otherwise send the scenario's block or tool call.
 
     The scenario is the ``[bench:NAME(:K)]`` tag in the first user message, so the bench keeps no
     per-conversation state and concurrent conversations cannot mix up their replies. ScriptedLLM
@@ -105,7 +126,7 @@ class Responder:
         self.spent = 0.0
         self._lock = threading.Lock()
 
-    def __call__(self, request: RecordedRequest) -> str:
+    def __call__(self, request: RecordedRequest) -> str | Reply:
         started = time.perf_counter()
         try:
             return self._reply(request)
@@ -125,7 +146,10 @@ class Responder:
         texts = [m.text for m in request.messages if m.role == "user"]
         return (texts[0], texts[-1]) if texts else ("", "")
 
-    def _reply(self, request: RecordedRequest) -> str:
+    def _reply(self, request: RecordedRequest) -> str | Reply:
+        messages = request.body.get("messages")
+        if isinstance(messages, list) and messages and messages[-1].get("role") == "tool":
+            return ANSWER  # the LangGraph build sent the tool's result
         first, last = self._user_texts(request)
         if "<helpers_result>" in last:
             return ANSWER
@@ -133,6 +157,8 @@ class Responder:
         if match is None:
             return ANSWER
         name, k = match.group(1), match.group(2)
+        if name == "call":
+            return WORK_CALL
         code = {
             "turn": TURN_BLOCK,
             "df": DF_BLOCK,
@@ -257,13 +283,16 @@ class Timed:
 
 @dataclass
 class Bench:
-    llm: ScriptedLLM
+    llm: ToolCallingScriptedLLM
     responder: Responder
     sabre: str
     floor: str
+    langgraph: str
     quick: bool
     sabre_pid: int
     floor_pid: int
+    langgraph_pid: int
+    databases: tuple[str, ...] = ()
     floor_p50: float = float("nan")
     errors: list[str] = field(default_factory=list)
 
@@ -308,6 +337,19 @@ class Bench:
             {"results": [{"tool_call_id": call["id"], "output": output}]},
         )
 
+    # LangGraph build requests (bench/langgraph_app.py).
+
+    async def langgraph_start(self, client: httpx.AsyncClient) -> Timed:
+        return await self.post(client, f"{self.langgraph}/conversations", {"input": "[bench:call] please"})
+
+    async def langgraph_resume(self, client: httpx.AsyncClient, turn: dict[str, Any], output: Any) -> Timed:
+        call = turn["pending_tool_calls"][0]
+        return await self.post(
+            client,
+            f"{self.langgraph}/conversations/{turn['conversation_id']}/tool-results",
+            {"results": [{"tool_call_id": call["id"], "output": output}]},
+        )
+
     async def floor_request(self, client: httpx.AsyncClient, conversation: str, body: str) -> Timed:
         return await self.post(client, f"{self.floor}/items", {"conversation": conversation, "body": body})
 
@@ -321,6 +363,15 @@ class Bench:
         if not self.check(resumed, "completed"):
             return None
         return created, resumed
+
+    async def langgraph_conversation(self, client: httpx.AsyncClient) -> tuple[Timed, Timed] | None:
+        started = await self.langgraph_start(client)
+        if not self.check(started, "awaiting_tool_results"):
+            return None
+        resumed = await self.langgraph_resume(client, started.body, {"status": "shipped"})
+        if not self.check(resumed, "completed"):
+            return None
+        return started, resumed
 
     async def floor_conversation(self, client: httpx.AsyncClient) -> tuple[Timed, Timed] | None:
         conversation = secrets.token_hex(8)
@@ -526,69 +577,116 @@ async def pause_resume(bench: Bench, client: httpx.AsyncClient, per_k: int) -> N
     )
 
 
-async def sequential_workload(bench: Bench, client: httpx.AsyncClient, n: int, floor: list[float]) -> None:
+TARGETS = ("floor", "LangGraph", "SABRE")
+"""The DESIGN §9 targets, in the order they are run and printed."""
+
+
+@dataclass
+class Workload:
+    """One target's figures on the DESIGN §9 workload: sequential requests, then the 8-client load."""
+
+    starts: list[Timed] = field(default_factory=list)
+    resumes: list[Timed] = field(default_factory=list)
+    load: LoadResult | None = None
+
+    def latency(self, part: str, q: float) -> float:
+        return pct([t.latency for t in (self.starts if part == "start" else self.resumes)], q)
+
+    def cpu_ms(self, group: str) -> float:
+        """Milliseconds of CPU per request of the load window spent by ``group``."""
+        if self.load is None or self.load.conversations == 0:
+            return float("nan")
+        return 1000 * self.load.cores[group] * self.load.seconds / (2 * self.load.conversations)
+
+
+def runners(bench: Bench) -> dict[str, Callable[[httpx.AsyncClient], Awaitable[tuple[Timed, Timed] | None]]]:
+    return {
+        "floor": bench.floor_conversation,
+        "LangGraph": bench.langgraph_conversation,
+        "SABRE": bench.sabre_conversation,
+    }
+
+
+async def sequential_workload(bench: Bench, client: httpx.AsyncClient, n: int) -> dict[str, Workload]:
+    """``n`` conversations on each target, one request at a time, interleaved so drift hits all alike."""
+    run = runners(bench)
     for _ in range(10):
-        await bench.sabre_conversation(client)
-    creates: list[Timed] = []
-    resumes: list[Timed] = []
-    for _ in range(n):
-        pair = await bench.sabre_conversation(client)
-        if pair:
-            creates.append(pair[0])
-            resumes.append(pair[1])
-    every = creates + resumes
-    f50, f95 = pct(floor, 50), pct(floor, 95)
-    lg_half = (DESIGN_LANGGRAPH_P50_MS[0] / 2, DESIGN_LANGGRAPH_P50_MS[1] / 2)
-    p50 = pct([t.latency for t in every], 50)
-    rows = [
-        ["floor: one PG transaction", len(floor), ms(f50), ms(f95), "", "1.00x"],
-        [
-            "SABRE: every request",
-            len(every),
-            ms(pct([t.latency for t in every], 50)),
-            ms(pct([t.latency for t in every], 95)),
-            ms(pct([t.overhead for t in every], 50)),
-            ratio(pct([t.latency for t in every], 50), f50),
-        ],
-        [
-            "SABRE: create (→ model → block → pause)",
-            len(creates),
-            ms(pct([t.latency for t in creates], 50)),
-            ms(pct([t.latency for t in creates], 95)),
-            ms(pct([t.overhead for t in creates], 50)),
-            ratio(pct([t.latency for t in creates], 50), f50),
-        ],
-        [
-            "SABRE: resume (→ block ends → model → answer)",
-            len(resumes),
-            ms(pct([t.latency for t in resumes], 50)),
-            ms(pct([t.latency for t in resumes], 95)),
-            ms(pct([t.overhead for t in resumes], 50)),
-            ratio(pct([t.latency for t in resumes], 50), f50),
-        ],
-    ]
+        for name in TARGETS:
+            await run[name](client)
+    results = {name: Workload() for name in TARGETS}
+    for i in range(n):
+        for name in TARGETS[i % 3 :] + TARGETS[: i % 3]:
+            pair = await run[name](client)
+            if pair:
+                results[name].starts.append(pair[0])
+                results[name].resumes.append(pair[1])
+    floor, lg = results["floor"], results["LangGraph"]
+    rows = []
+    for name in TARGETS:
+        w = results[name]
+        rows.append(
+            [
+                name,
+                len(w.starts),
+                ms(w.latency("start", 50)),
+                ms(w.latency("start", 90)),
+                ms(w.latency("resume", 50)),
+                ms(w.latency("resume", 90)),
+                ms(pct([t.overhead for t in w.starts + w.resumes], 50)) if name != "floor" else "",
+                f"{ratio(w.latency('start', 50), floor.latency('start', 50))} / "
+                f"{ratio(w.latency('resume', 50), floor.latency('resume', 50))}",
+                f"{ratio(w.latency('start', 50), lg.latency('start', 50))} / "
+                f"{ratio(w.latency('resume', 50), lg.latency('resume', 50))}",
+            ]
+        )
     table(
-        f"5a. DESIGN §9 workload, sequential ({n} conversations each = {2 * n} requests)",
-        ["", "requests", "p50 ms", "p95 ms", "p50 minus LLM ms", "p50 / floor p50"],
+        f"5a. DESIGN §9 workload, sequential ({n} conversations per target, interleaved)",
+        [
+            "",
+            "conversations",
+            "start p50 ms",
+            "start p90 ms",
+            "resume p50 ms",
+            "resume p90 ms",
+            "p50 minus LLM ms",
+            "p50 vs floor (start / resume)",
+            "p50 vs LangGraph (start / resume)",
+        ],
         rows,
         [
-            f"Budgets: SABRE per-request p50 ≤ 3x floor (here **{ratio(p50, f50)}**) and ≤ half the "
-            f"LangGraph build, i.e. ≤ {lg_half[0]:.0f}-{lg_half[1]:.0f} ms (here **{ms(p50)} ms**). "
-            "DESIGN's floor on its machines: "
-            f"{DESIGN_FLOOR_P50_MS[0]:.0f}-{DESIGN_FLOOR_P50_MS[1]:.0f} ms p50; LangGraph "
-            f"{DESIGN_LANGGRAPH_P50_MS[0]:.0f}-{DESIGN_LANGGRAPH_P50_MS[1]:.0f} ms p50 "
-            "(LangGraph is not installed here: quoted from DESIGN.md, not measured)."
+            "A conversation: start (→ model → external tool requested → pause, the response carries the "
+            "call) then resume with the result (→ model → answer); the floor does two one-row "
+            "transactions instead. 'p50 minus LLM' takes the scripted model's own time out of every "
+            "request. Ten conversations per target are dropped first (warm-up)."
         ],
     )
+    return results
 
 
 CPU_GROUPS = ("bench process", "server + sandboxes", "postgres", "redis")
 
 
-def cpu_seconds(server_pid: int) -> dict[str, float]:
-    """CPU seconds so far (user + system, reaped children included) by group, from /proc (Linux)."""
+def _ours(pid: int, databases: Sequence[str]) -> bool:
+    """A PostgreSQL process this run loads: a backend on one of its databases, or a shared auxiliary one
+    (postmaster, WAL writer, checkpointer...), not the backends of other users of a shared server."""
+    try:
+        title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return False
+    if any(f" {name} " in title for name in databases):
+        return True
+    return "(" not in title and "[local]" not in title and "autovacuum worker" not in title
+
+
+def cpu_seconds(server_pid: int, databases: Sequence[str] = ()) -> dict[str, float]:
+    """CPU seconds so far (user + system) by group, from /proc (Linux).
+
+    The server's tree includes reaped children (sandbox processes); PostgreSQL counts only the
+    processes ``_ours`` picks, without reaped children (the postmaster reaps every client's backends),
+    when ``databases`` is given, and every ``postgres`` process with its reaped children otherwise.
+    """
     tick = os.sysconf("SC_CLK_TCK")
-    stats: dict[int, tuple[int, str, float]] = {}
+    stats: dict[int, tuple[int, str, float, float]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -598,26 +696,30 @@ def cpu_seconds(server_pid: int) -> dict[str, float]:
             continue
         comm = raw[raw.index("(") + 1 : raw.rindex(")")]
         fields = raw[raw.rindex(")") + 2 :].split()
-        used = sum(int(f) for f in fields[11:15]) / tick
-        stats[int(entry)] = (int(fields[1]), comm, used)
+        own = sum(int(f) for f in fields[11:13]) / tick
+        reaped = sum(int(f) for f in fields[13:15]) / tick
+        stats[int(entry)] = (int(fields[1]), comm, own, reaped)
     tree = {server_pid}
     grew = True
     while grew:
         grew = False
-        for pid, (ppid, _, _) in stats.items():
+        for pid, (ppid, *_) in stats.items():
             if ppid in tree and pid not in tree:
                 tree.add(pid)
                 grew = True
     totals = dict.fromkeys(CPU_GROUPS, 0.0)
-    for pid, (_, comm, used) in stats.items():
+    for pid, (_, comm, own, reaped) in stats.items():
         if pid == os.getpid():
-            totals["bench process"] += used
+            totals["bench process"] += own + reaped
         elif pid in tree:
-            totals["server + sandboxes"] += used
+            totals["server + sandboxes"] += own + reaped
         elif comm == "postgres":
-            totals["postgres"] += used
+            if not databases:
+                totals["postgres"] += own + reaped
+            elif _ours(pid, databases):
+                totals["postgres"] += own
         elif comm.startswith("redis-server"):
-            totals["redis"] += used
+            totals["redis"] += own + reaped
     return totals
 
 
@@ -633,11 +735,26 @@ class LoadResult:
     def rate(self) -> float:
         return self.conversations / self.seconds
 
+    def __add__(self, other: LoadResult) -> LoadResult:
+        """Two windows of one target as one (cores weighted by each window's length)."""
+        seconds = self.seconds + other.seconds
+        cores = {
+            g: (self.cores[g] * self.seconds + other.cores[g] * other.seconds) / seconds for g in CPU_GROUPS
+        }
+        return LoadResult(
+            self.conversations + other.conversations,
+            seconds,
+            self.latencies + other.latencies,
+            self.failures + other.failures,
+            cores,
+        )
+
 
 async def load(
     run_one: Callable[[httpx.AsyncClient], Awaitable[tuple[Timed, Timed] | None]],
     *,
     server_pid: int,
+    databases: Sequence[str] = (),
     clients: int,
     warmup: float,
     duration: float,
@@ -666,9 +783,9 @@ async def load(
 
     async def sample() -> dict[str, float]:
         await asyncio.sleep(max(0.0, window[0] - time.perf_counter()))
-        before, started = cpu_seconds(server_pid), time.perf_counter()
+        before, started = cpu_seconds(server_pid, databases), time.perf_counter()
         await asyncio.sleep(max(0.0, window[1] - time.perf_counter()))
-        after, elapsed = cpu_seconds(server_pid), time.perf_counter() - started
+        after, elapsed = cpu_seconds(server_pid, databases), time.perf_counter() - started
         return {k: (after[k] - before[k]) / elapsed for k in CPU_GROUPS}
 
     sampler = asyncio.create_task(sample())
@@ -676,95 +793,212 @@ async def load(
     return LoadResult(len(done), duration, latencies, failures, await sampler)
 
 
-async def concurrent_workload(bench: Bench, duration: float) -> None:
+async def concurrent_workload(bench: Bench, duration: float, results: dict[str, Workload]) -> None:
     clients = 8
-    floor = await load(
-        bench.floor_conversation,
-        server_pid=bench.floor_pid,
-        clients=clients,
-        warmup=1.0,
-        duration=duration,
-    )
-    sabre = await load(
-        bench.sabre_conversation,
-        server_pid=bench.sabre_pid,
-        clients=clients,
-        warmup=1.0,
-        duration=duration,
-    )
-    target = (3 * DESIGN_LANGGRAPH_CPS[0], 3 * DESIGN_LANGGRAPH_CPS[1])
-    rows = [
-        [
-            "floor",
-            floor.conversations,
-            f"{floor.rate:.1f}",
-            ms(pct(floor.latencies, 50)),
-            ms(pct(floor.latencies, 95)),
-            floor.failures,
-            "1.00x",
-        ],
-        [
-            "SABRE",
-            sabre.conversations,
-            f"{sabre.rate:.1f}",
-            ms(pct(sabre.latencies, 50)),
-            ms(pct(sabre.latencies, 95)),
-            sabre.failures,
-            ratio(sabre.rate, floor.rate),
-        ],
-    ]
+    run = runners(bench)
+    pids = {"floor": bench.floor_pid, "LangGraph": bench.langgraph_pid, "SABRE": bench.sabre_pid}
+    # Two windows of duration/2 per target, in the order A B C C B A, so that a load that drifts
+    # (other work on a shared machine) weighs on every target alike.
+    for name in (*TARGETS, *reversed(TARGETS)):
+        window = await load(
+            run[name],
+            server_pid=pids[name],
+            databases=bench.databases,
+            clients=clients,
+            warmup=1.0,
+            duration=duration / 2,
+        )
+        previous = results[name].load
+        results[name].load = window if previous is None else previous + window
+    loads = {name: results[name].load for name in TARGETS}
+    floor, lg = loads["floor"], loads["LangGraph"]
+    assert floor is not None
+    assert lg is not None
+    rows = []
+    for name in TARGETS:
+        r = loads[name]
+        assert r is not None
+        rows.append(
+            [
+                name,
+                r.conversations,
+                f"{r.rate:.1f}",
+                ms(pct(r.latencies, 50)),
+                ms(pct(r.latencies, 95)),
+                r.failures,
+                ratio(r.rate, floor.rate),
+                ratio(r.rate, lg.rate),
+            ]
+        )
     table(
-        f"5b. DESIGN §9 workload, {clients} concurrent clients for {duration:g} s (after 1 s warm-up)",
-        ["", "conversations", "conversations/s", "request p50 ms", "request p95 ms", "failed", "vs floor"],
+        f"5b. DESIGN §9 workload, {clients} concurrent clients, {duration:g} s per target",
+        [
+            "",
+            "conversations",
+            "conversations/s",
+            "request p50 ms",
+            "request p95 ms",
+            "failed",
+            "vs floor",
+            "vs LangGraph",
+        ],
         rows,
         [
-            f"Budget: SABRE ≥ 3x the LangGraph build's {DESIGN_LANGGRAPH_CPS[0]}-{DESIGN_LANGGRAPH_CPS[1]} "
-            f"conversations/s, i.e. ≥ {target[0]}-{target[1]}/s: here **{sabre.rate:.1f}/s = "
-            f"{sabre.rate / DESIGN_LANGGRAPH_CPS[1]:.2f}-{sabre.rate / DESIGN_LANGGRAPH_CPS[0]:.2f}x "
-            "LangGraph** (LangGraph is not installed: DESIGN.md's figure, not measured here). "
-            f"DESIGN's floor on its machines: {DESIGN_FLOOR_CPS[0]}-{DESIGN_FLOOR_CPS[1]}/s; here "
-            f"{floor.rate:.1f}/s. The 8 clients and the scripted LLM run in the bench process, on "
-            "the same cores as the servers."
+            f"Each target is loaded in two windows of {duration / 2:g} s (after 1 s of warm-up each), "
+            "in the order floor, LangGraph, SABRE, SABRE, LangGraph, floor. The 8 clients and the "
+            "scripted LLM run in the bench process, on the same cores as the servers."
         ],
     )
+    cpu_rows = []
+    for name in TARGETS:
+        r = loads[name]
+        assert r is not None
+        w = results[name]
+        cpu_rows.append(
+            [
+                name,
+                *(f"{r.cores[g]:.2f}" for g in CPU_GROUPS),
+                f"{sum(r.cores.values()):.2f}",
+                f"{w.cpu_ms('server + sandboxes'):.2f}",
+                f"{w.cpu_ms('postgres'):.2f}",
+                f"{w.cpu_ms('server + sandboxes') + w.cpu_ms('postgres') + w.cpu_ms('redis'):.2f}",
+            ]
+        )
     table(
-        "5c. Where the CPU went during each load window (cores busy on average)",
-        ["", *CPU_GROUPS, "total"],
+        "5c. Where the CPU went during each load window: cores busy on average, and CPU ms per request",
         [
-            [label, *(f"{r.cores[g]:.2f}" for g in CPU_GROUPS), f"{sum(r.cores.values()):.2f}"]
-            for label, r in (("floor", floor), ("SABRE", sabre))
+            "",
+            *CPU_GROUPS,
+            "total",
+            "server ms/request",
+            "postgres ms/request",
+            "server + stores ms/request",
         ],
+        cpu_rows,
         [
             f"The machine has {os.cpu_count()} cores. 'bench process' = the 8 HTTP clients + the "
-            "scripted LLM; 'server' = the served process and its children (SABRE's sandbox workers)."
+            "scripted LLM; 'server' = the served process and its children (SABRE's sandbox workers); "
+            "'postgres' = the backends connected to this run's databases (others on a shared server "
+            "are left out); a request is half a conversation."
         ],
     )
+
+
+def met(ok: bool) -> str:
+    return "met" if ok else "not met"
+
+
+def summary(results: dict[str, Workload]) -> dict[str, dict[str, float]]:
+    """The headline: the three targets side by side, with ratios and issue 12's goals."""
+    metrics = {
+        name: {
+            "start_p50_ms": 1000 * w.latency("start", 50),
+            "start_p90_ms": 1000 * w.latency("start", 90),
+            "resume_p50_ms": 1000 * w.latency("resume", 50),
+            "resume_p90_ms": 1000 * w.latency("resume", 90),
+            "conversations_per_s": w.load.rate if w.load else float("nan"),
+            "server_cpu_ms_per_request": w.cpu_ms("server + sandboxes"),
+            "stores_cpu_ms_per_request": w.cpu_ms("postgres") + w.cpu_ms("redis"),
+        }
+        for name, w in results.items()
+    }
+    keys = list(metrics["floor"])
+
+    def ratio_row(a: str, b: str) -> list[str]:
+        return [f"**{a} / {b}**", *(ratio(metrics[a][k], metrics[b][k]) for k in keys)]
+
+    sabre, lg, floor = metrics["SABRE"], metrics["LangGraph"], metrics["floor"]
+    goals = [
+        ("start p50 ≤ 0.5x LangGraph", sabre["start_p50_ms"] / lg["start_p50_ms"], GOAL_VS_LANGGRAPH_P50),
+        ("resume p50 ≤ 0.5x LangGraph", sabre["resume_p50_ms"] / lg["resume_p50_ms"], GOAL_VS_LANGGRAPH_P50),
+        ("start p50 ≤ 3x floor", sabre["start_p50_ms"] / floor["start_p50_ms"], GOAL_VS_FLOOR_P50),
+        ("resume p50 ≤ 3x floor", sabre["resume_p50_ms"] / floor["resume_p50_ms"], GOAL_VS_FLOOR_P50),
+    ]
+    rate = sabre["conversations_per_s"] / lg["conversations_per_s"]
+    verdicts = [f"{label}: {value:.2f}x ({met(value <= goal)})" for label, value, goal in goals]
+    verdicts.append(f"conversations/s ≥ 3x LangGraph: {rate:.2f}x ({met(rate >= GOAL_VS_LANGGRAPH_RATE)})")
+    table(
+        "6. Side by side: SABRE, the LangGraph build and the floor on the DESIGN §9 workload",
+        [
+            "",
+            "start p50 ms",
+            "start p90 ms",
+            "resume p50 ms",
+            "resume p90 ms",
+            "conversations/s, 8 clients",
+            "server CPU ms/request",
+            "PG + Redis CPU ms/request",
+        ],
+        [
+            *(
+                [name, *(f"{metrics[name][k]:.2f}" if "ms" in k else f"{metrics[name][k]:.1f}" for k in keys)]
+                for name in ("floor", "LangGraph", "SABRE")
+            ),
+            ratio_row("SABRE", "LangGraph"),
+            ratio_row("SABRE", "floor"),
+            ratio_row("LangGraph", "floor"),
+        ],
+        [
+            "Latencies from 5a (sequential), rate and CPU from 5b/5c (8 clients). Issue 12's goals for "
+            "SABRE: " + "; ".join(verdicts) + "."
+        ],
+    )
+    return metrics
 
 
 # Main.
 
 
-async def run(quick: bool, *, runtime_workers: int) -> None:
+def uvicorn_argv(target: str, port: int, web_workers: int) -> list[str]:
+    """A peer app under uvicorn, with SABRE's server settings (workers; loop and HTTP parser on auto)."""
+    return [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        target,
+        "--port",
+        str(port),
+        "--workers",
+        str(web_workers),
+        "--loop",
+        "auto",
+        "--http",
+        "auto",
+        "--log-level",
+        "warning",
+    ]
+
+
+async def run(
+    quick: bool, *, runtime_workers: int, web_workers: int, workload_only: bool, json_out: Path | None
+) -> None:
+    if importlib.util.find_spec("langgraph") is None or importlib.util.find_spec("langchain_openai") is None:
+        raise SystemExit(
+            "the LangGraph build needs the bench dependency group: "
+            "uv run --group bench python bench/service_bench.py"
+        )
     n_turns = 30 if quick else 200
     per_k = 5 if quick else 20
     duration = 3.0 if quick else 10.0
-    name = f"sabre_bench_{secrets.token_hex(4)}"
+    token = secrets.token_hex(4)
+    name, lg_name = f"sabre_bench_{token}", f"sabre_bench_lg_{token}"
     base = ADMIN_DSN.rsplit("/", 1)[0]
-    dsn = f"{base}/{name}"
+    dsn, lg_dsn = f"{base}/{name}", f"{base}/{lg_name}"
     admin = await asyncpg.connect(ADMIN_DSN, timeout=5)
     servers: list[Server] = []
     responder = Responder()
-    llm = ScriptedLLM(responder=responder)
+    llm = ToolCallingScriptedLLM(responder=responder)
     tmp = tempfile.TemporaryDirectory(prefix="sabre_bench_")
     bench: Bench | None = None
     try:
         await admin.execute(f'CREATE DATABASE "{name}"')
+        await admin.execute(f'CREATE DATABASE "{lg_name}"')
         migrate_started = time.perf_counter()
         await upgrade("postgresql+asyncpg://" + dsn.split("://", 1)[1])
         migrate_seconds = time.perf_counter() - migrate_started
         llm.start()
         tmpdir = Path(tmp.name)
-        sabre_port, floor_port = free_port(), free_port()
+        sabre_port, floor_port, lg_port = free_port(), free_port(), free_port()
         sabre_env = clean_env(
             SABRE_DATABASE_URL=dsn,
             SABRE_REDIS_URL=REDIS_URL,
@@ -776,30 +1010,32 @@ async def run(quick: bool, *, runtime_workers: int) -> None:
             SABRE_DATA_DIR=str(tmpdir / "data"),
             HOME=str(tmpdir),
         )
+        lg_env = clean_env(
+            LANGGRAPH_DATABASE_URL=lg_dsn,
+            OPENAI_BASE_URL=llm.base_url,
+            OPENAI_API_KEY="sk-bench",
+            LANGGRAPH_MODEL="scripted-model",
+            LANGSMITH_TRACING="false",
+            LANGCHAIN_TRACING_V2="false",
+        )
+        sabre_argv = [sys.executable, "-m", "app.cli", "serve", "--port", str(sabre_port)]
+        sabre_argv += ["--workers", str(web_workers)]
+        servers.append(launch("sabre", sabre_argv, sabre_env, sabre_port, tmpdir))
         servers.append(
             launch(
-                "sabre",
-                [sys.executable, "-m", "app.cli", "serve", "--port", str(sabre_port)],
-                sabre_env,
-                sabre_port,
+                "floor",
+                uvicorn_argv("bench.floor_app:app", floor_port, web_workers),
+                clean_env(FLOOR_DATABASE_URL=dsn),
+                floor_port,
                 tmpdir,
             )
         )
         servers.append(
             launch(
-                "floor",
-                [
-                    sys.executable,
-                    "-m",
-                    "uvicorn",
-                    "bench.floor_app:app",
-                    "--port",
-                    str(floor_port),
-                    "--log-level",
-                    "warning",
-                ],
-                clean_env(FLOOR_DATABASE_URL=dsn),
-                floor_port,
+                "langgraph",
+                uvicorn_argv("bench.langgraph_app:app", lg_port, web_workers),
+                lg_env,
+                lg_port,
                 tmpdir,
             )
         )
@@ -811,9 +1047,16 @@ async def run(quick: bool, *, runtime_workers: int) -> None:
             responder=responder,
             sabre=servers[0].url,
             floor=servers[1].url,
+            langgraph=servers[2].url,
             quick=quick,
             sabre_pid=servers[0].process.pid,
             floor_pid=servers[1].process.pid,
+            langgraph_pid=servers[2].process.pid,
+            databases=(name, lg_name),
+        )
+        versions = ", ".join(
+            f"{package} {importlib.metadata.version(package)}"
+            for package in ("langgraph", "langgraph-checkpoint-postgres", "langchain-openai")
         )
 
         print(f"# SABRE service benchmark{' (--quick)' if quick else ''}\n")
@@ -825,24 +1068,42 @@ async def run(quick: bool, *, runtime_workers: int) -> None:
                     "machine",
                     f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
                 ],
-                ["database", f"`{name}` (fresh; migrated in {migrate_seconds:.2f} s; dropped at the end)"],
+                [
+                    "databases",
+                    f"`{name}` (SABRE and the floor; migrated in {migrate_seconds:.2f} s) and `{lg_name}` "
+                    "(LangGraph's checkpointer), fresh, dropped at the end",
+                ],
                 [
                     "SABRE",
-                    f"`python -m app.cli serve`, PostgreSQL + Redis, {runtime_workers} sandbox workers, "
-                    "chat API",
+                    f"`python -m app.cli serve --workers {web_workers}`, PostgreSQL + Redis, "
+                    f"{runtime_workers} sandbox workers, chat API",
                 ],
-                ["floor", "`uvicorn bench.floor_app:app`: FastAPI + 1 PG transaction (SQLAlchemy/asyncpg)"],
-                ["model", "ScriptedLLM in the bench process, instant replies"],
-                ["both ready after", f"{ready_seconds:.2f} s"],
+                [
+                    "LangGraph",
+                    f"`uvicorn bench.langgraph_app:app --workers {web_workers}`: FastAPI + StateGraph, "
+                    f"interrupt() for the external tool, AsyncPostgresSaver on one psycopg pool ({versions})",
+                ],
+                [
+                    "floor",
+                    f"`uvicorn bench.floor_app:app --workers {web_workers}`: FastAPI + 1 PG transaction "
+                    "(SQLAlchemy/asyncpg)",
+                ],
+                ["model", "one ScriptedLLM in the bench process for all, instant replies, chat API"],
+                ["all ready after", f"{ready_seconds:.2f} s"],
             ],
         )
         async with httpx.AsyncClient(timeout=120) as client:
-            floor_latencies = await floor_baseline(bench, client, n_turns)
-            await turn_overhead(bench, client, n_turns)
-            await snapshot_size(bench, client, dsn)
-            await pause_resume(bench, client, per_k)
-            await sequential_workload(bench, client, n_turns, floor_latencies)
-        await concurrent_workload(bench, duration)
+            await floor_baseline(bench, client, n_turns)
+            if not workload_only:
+                await turn_overhead(bench, client, n_turns)
+                await snapshot_size(bench, client, dsn)
+                await pause_resume(bench, client, per_k)
+            results = await sequential_workload(bench, client, n_turns)
+        await concurrent_workload(bench, duration, results)
+        metrics = summary(results)
+        if json_out is not None:
+            report = json.dumps({"quick": quick, "targets": metrics}, indent=2) + "\n"
+            await asyncio.to_thread(json_out.write_text, report)
         print(
             f"\nScripted LLM: {len(llm.requests)} requests, {bench.llm_time():.2f} s of its own time in all "
             f"({responder.spent:.2f} s of it choosing replies)."
@@ -860,8 +1121,9 @@ async def run(quick: bool, *, runtime_workers: int) -> None:
                 if tail:
                     print(f"\n{server.name} log tail:\n{tail}")
         llm.stop()
-        with contextlib.suppress(Exception):
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        for database in (name, lg_name):
+            with contextlib.suppress(Exception):
+                await admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
         await admin.close()
         tmp.cleanup()
 
@@ -870,8 +1132,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="fewer samples and a shorter load test")
     parser.add_argument("--runtime-workers", type=int, default=2, help="SABRE_RUNTIME_WORKERS of the server")
+    parser.add_argument(
+        "--web-workers", type=int, default=1, help="server processes of SABRE, LangGraph and the floor alike"
+    )
+    parser.add_argument(
+        "--workload-only",
+        action="store_true",
+        help="only the DESIGN §9 comparison (sections 5-6): skip turn overhead, snapshot size, resume@K",
+    )
+    parser.add_argument("--json", type=Path, help="also write section 6's figures to this JSON file")
     args = parser.parse_args()
-    asyncio.run(run(args.quick, runtime_workers=args.runtime_workers))
+    asyncio.run(
+        run(
+            args.quick,
+            runtime_workers=args.runtime_workers,
+            web_workers=args.web_workers,
+            workload_only=args.workload_only,
+            json_out=args.json,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import procrastinate
 import structlog
@@ -19,6 +19,7 @@ from procrastinate import JobContext
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.conversations.service import ConversationService
+from app.kit import tracing
 from app.kit.jobs import defer, job_resources
 
 if TYPE_CHECKING:
@@ -33,14 +34,32 @@ blueprint = procrastinate.Blueprint()
 
 
 @blueprint.task(name=TASK, queue="turns", pass_context=True)
-async def run_turn(context: JobContext, turn_id: str) -> None:
-    """The job of a background turn (at least once: a rerun finds it claimed or ended)."""
-    await run_stored_turn(job_resources(context), turn_id)
+async def run_turn(
+    context: JobContext,
+    turn_id: str,
+    request_id: str | None = None,
+    trace_context: dict[str, str] | None = None,
+) -> None:
+    """The job of a background turn (at least once: a rerun finds it claimed or ended). It logs
+    under the id of the request that started it, and continues that request's trace."""
+    with (
+        structlog.contextvars.bound_contextvars(**({"request_id": request_id} if request_id else {})),
+        tracing.continued(trace_context),
+    ):
+        await run_stored_turn(job_resources(context), turn_id)
 
 
 async def defer_turn(resources: Resources, turn_id: str) -> None:
-    """Hand a stored turn to the job workers."""
-    await defer(resources.jobs, TASK, queue="turns", turn_id=turn_id)
+    """Hand a stored turn to the job workers, with the request id and trace context of the request
+    that stored it (when there is one) for the job's logs and spans."""
+    request_id = structlog.contextvars.get_contextvars().get("request_id")
+    extra: dict[str, Any] = {}
+    if isinstance(request_id, str):
+        extra["request_id"] = request_id
+    carried = tracing.carrier()
+    if carried:
+        extra["trace_context"] = carried
+    await defer(resources.jobs, TASK, queue="turns", turn_id=turn_id, **extra)
 
 
 def service_for(resources: Resources, session: AsyncSession) -> ConversationService:
@@ -59,7 +78,13 @@ def service_for(resources: Resources, session: AsyncSession) -> ConversationServ
 
 
 async def run_stored_turn(resources: Resources, turn_id: str) -> None:
-    """Run one stored turn to its end (a no-op when it already ended or runs elsewhere)."""
+    """Run one stored turn to its end (a no-op when it already ended or runs elsewhere). What it
+    logs carries its ids, unbound again when it ends (a worker's next job is another turn)."""
+    with structlog.contextvars.bound_contextvars(turn_id=turn_id, conversation_id=None):
+        await _run_stored_turn(resources, turn_id)
+
+
+async def _run_stored_turn(resources: Resources, turn_id: str) -> None:
     async with resources.sessionmaker() as session:
         try:
             await service_for(resources, session).execute_stored(turn_id)

@@ -20,28 +20,18 @@ from app.events.sse import event_stream
 from app.events.stream import CutOff, Heartbeat, follow, stored_page
 from app.kit.clock import utcnow
 from app.kit.db import Session
-from app.kit.errors import BadRequest, NotFound, PreconditionFailed, Problem, Unprocessable
+from app.kit.errors import BadRequest, NotFound, PreconditionFailed, Unprocessable
 from app.kit.idempotency import Idempotency, fingerprint
 from app.kit.json_body import StrictJSONRoute
+from app.kit.openapi import header, problem_responses
 from app.models import Conversation, Turn
 from app.models.message import SEQ_MAX
 
 ConversationId = Annotated[str, Path(max_length=64, description="A conversation id (`conv_…`).")]
 
-ERRORS = {
-    code: {"model": Problem, "content": {"application/problem+json": {}}}
-    for code in (400, 401, 404, 409, 413, 422)
-}
-
-TOOL_RESULT_ERRORS = {
-    code: {"model": Problem, "content": {"application/problem+json": {}}} for code in (410, 412)
-}
-router = APIRouter(
-    prefix="/v1/conversations",
-    tags=["conversations"],
-    responses=ERRORS,  # type: ignore[arg-type]
-    route_class=StrictJSONRoute,
-)
+# Each route names its domain errors; 400/401/413/422/503 follow from its dependencies (app.kit.openapi).
+NOT_FOUND = problem_responses(404)
+router = APIRouter(prefix="/v1/conversations", tags=["conversations"], route_class=StrictJSONRoute)
 
 
 def get_service(request: Request, session: Session) -> ConversationService:
@@ -61,7 +51,12 @@ IdempotencyKey = Annotated[
 ]
 IfMatch = Annotated[
     str | None,
-    Header(alias="If-Match", max_length=32, description="Run only if the conversation is at this version."),
+    Header(
+        alias="If-Match",
+        max_length=32,
+        description='Run only if the conversation is at this version (its `ETag`, `"3"`); 412 otherwise.',
+        pattern=r'^(W/)?"?[0-9]{1,18}"?$',  # an ETag this API gave; anything else is a 422, not a 412
+    ),
 ]
 
 
@@ -105,9 +100,10 @@ async def run_idempotent(
                     status_code=status_code,
                     headers={"Idempotent-Replayed": "true"},
                 )
-            return JSONResponse(
-                stored.body, status_code=stored.status_code, headers={"Idempotent-Replayed": "true"}
+            replayed = {"Idempotent-Replayed": "true"} | _turn_headers(
+                stored.body, status_code=stored.status_code
             )
+            return JSONResponse(stored.body, status_code=stored.status_code, headers=replayed)
     try:
         async with idempotency.kept_alive() if idempotency is not None else contextlib.nullcontext():
             turn = await work(idempotency)
@@ -115,7 +111,7 @@ async def run_idempotent(
         if idempotency is not None:
             await idempotency.abandon()
         raise
-    location = {"Location": f"/v1/conversations/{turn.conversation_id}/turns/{turn.turn_id}"}
+    location = _location(turn.conversation_id, turn.turn_id)
     if body.stream:
         return await turn_events(
             request,
@@ -128,7 +124,29 @@ async def run_idempotent(
         return JSONResponse(
             turn.model_dump(mode="json"), status_code=status.HTTP_202_ACCEPTED, headers=location
         )
-    return JSONResponse(turn.model_dump(mode="json"), status_code=status_code)
+    headers = etag(turn.version)
+    if status_code == status.HTTP_201_CREATED:
+        headers |= location
+    return JSONResponse(turn.model_dump(mode="json"), status_code=status_code, headers=headers)
+
+
+def _location(conversation_id: str, turn_id: str) -> dict[str, str]:
+    return {"Location": f"/v1/conversations/{conversation_id}/turns/{turn_id}"}
+
+
+def _turn_headers(body: dict[str, Any], *, status_code: int) -> dict[str, str]:
+    """What a first answer carried besides its body: ``ETag`` (a waited turn), ``Location`` (201, 202)."""
+    headers: dict[str, str] = {}
+    if isinstance(body.get("version"), int) and status_code != status.HTTP_202_ACCEPTED:
+        headers |= etag(body["version"])
+    if status_code in (status.HTTP_201_CREATED, status.HTTP_202_ACCEPTED) and "turn_id" in body:
+        headers |= _location(str(body.get("conversation_id")), str(body["turn_id"]))
+    return headers
+
+
+def etag(version: int) -> dict[str, str]:
+    """The ``ETag`` of a conversation at ``version``: what ``If-Match`` takes back."""
+    return {"ETag": f'"{version}"'}
 
 
 async def turn_events(
@@ -140,6 +158,17 @@ async def turn_events(
     headers: dict[str, str] | None = None,
 ) -> Response:
     """The events of one turn as SSE, from its ``turn.started`` to its end event, live while it runs."""
+    return event_stream(
+        turn_event_items(request, conversation_id=conversation_id, turn_id=turn_id),
+        status_code=status_code,
+        headers=headers,
+    )
+
+
+async def turn_event_items(
+    request: Request, *, conversation_id: str, turn_id: str
+) -> AsyncIterator[EventOut | Heartbeat | CutOff]:
+    """The events of one turn, stored then live, ending with its end event (heartbeats between)."""
     sessionmaker = request.app.state.sessionmaker
     async with sessionmaker() as session:
         first = await EventRepository(session).first_seq_of_turn(
@@ -166,7 +195,8 @@ async def turn_events(
             if isinstance(item, EventOut) and item.type in END_TYPES:
                 return
 
-    return event_stream(events(), status_code=status_code, headers=headers)
+    async for item in events():
+        yield item
 
 
 async def continue_conversation(
@@ -204,19 +234,74 @@ def check_version(if_match: str | None, version: int) -> None:
 
 
 # The three turn-starting POSTs: JSON by default, SSE with `stream`, 202 with `background`.
+SSE: dict[str, Any] = {
+    "text/event-stream": {
+        "schema": {
+            "description": "One server-sent event (comments such as heartbeats carry none).",
+            "type": "object",
+            "properties": {
+                "id": {"type": "string", "description": "The event's `seq`: resume with `Last-Event-ID`."},
+                "event": {"type": "string", "description": "The event's `type`."},
+                "data": {
+                    "type": "string",
+                    "contentMediaType": "application/json",
+                    "contentSchema": {"$ref": "#/components/schemas/EventOut"},
+                },
+            },
+            "required": ["id", "event", "data"],
+        }
+    }
+}
+# Where the ids a turn's answer carries are used next (generators and schemathesis follow them).
+TURN_LINKS: dict[str, Any] = {
+    name: {"operationId": operation, "parameters": parameters}
+    for name, operation, parameters in (
+        ("GetConversation", "conversations.get", {"conversation_id": "$response.body#/conversation_id"}),
+        (
+            "PostMessage",
+            "conversations.messages.create",
+            {"conversation_id": "$response.body#/conversation_id"},
+        ),
+        (
+            "SubmitToolResults",
+            "conversations.tool_results.create",
+            {"conversation_id": "$response.body#/conversation_id"},
+        ),
+        (
+            "GetTurn",
+            "conversations.turns.get",
+            {"conversation_id": "$response.body#/conversation_id", "turn_id": "$response.body#/turn_id"},
+        ),
+        (
+            "CancelTurn",
+            "conversations.turns.cancel",
+            {"conversation_id": "$response.body#/conversation_id", "turn_id": "$response.body#/turn_id"},
+        ),
+        ("ListEvents", "conversations.events.list", {"conversation_id": "$response.body#/conversation_id"}),
+    )
+}
 STREAM_DOC: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "The turn, or with `stream: true` its events as `text/event-stream`.",
-        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        "content": SSE,
+        "links": TURN_LINKS,
     },
-    202: {"model": schemas.TurnOut, "description": "`background: true`: the turn, queued."},
+    202: {
+        "model": schemas.TurnOut,
+        "description": "`background: true`: the turn, queued.",
+        "headers": header("Location", required=True),
+    },
+    **problem_responses(404, 409, 412),
 }
 CREATE_DOC: dict[int | str, dict[str, Any]] = {
     201: {
         "description": "The first turn, or with `stream: true` its events as `text/event-stream`.",
-        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        "content": SSE,
+        "headers": header("Location", required=True) | header("ETag"),
+        "links": TURN_LINKS,
     },
     202: STREAM_DOC[202],
+    **problem_responses(409),
 }
 
 
@@ -239,11 +324,7 @@ async def create_conversation(
     )
 
 
-@router.post(
-    "/{conversation_id}/messages",
-    response_model=schemas.TurnOut,
-    responses={**TOOL_RESULT_ERRORS, **STREAM_DOC},  # type: ignore[dict-item]
-)
+@router.post("/{conversation_id}/messages", response_model=schemas.TurnOut, responses=STREAM_DOC)
 async def post_message(
     request: Request,
     conversation_id: ConversationId,
@@ -269,7 +350,7 @@ async def post_message(
 @router.post(
     "/{conversation_id}/tool-results",
     response_model=schemas.TurnOut,
-    responses={**TOOL_RESULT_ERRORS, **STREAM_DOC},  # type: ignore[dict-item]
+    responses={**STREAM_DOC, **problem_responses(410)},
 )
 async def submit_tool_results(
     request: Request,
@@ -293,16 +374,21 @@ async def submit_tool_results(
     )
 
 
-@router.get("/{conversation_id}", response_model=schemas.ConversationOut)
+@router.get(
+    "/{conversation_id}",
+    response_model=schemas.ConversationOut,
+    responses={200: {"headers": header("ETag", required=True)}, **NOT_FOUND},
+)
 async def get_conversation(
-    conversation_id: ConversationId, tenant: Tenant, service: Service
+    conversation_id: ConversationId, tenant: Tenant, service: Service, response: Response
 ) -> schemas.ConversationOut:
     """The conversation's status, version, pending tool calls and usage."""
     conversation = await service.get(tenant=tenant, conversation_id=conversation_id)
+    response.headers.update(etag(conversation.version))
     return await service.view(conversation)
 
 
-@router.get("/{conversation_id}/messages", response_model=schemas.MessageList)
+@router.get("/{conversation_id}/messages", response_model=schemas.MessageList, responses=NOT_FOUND)
 async def list_messages(
     conversation_id: ConversationId,
     tenant: Tenant,
@@ -317,7 +403,9 @@ async def list_messages(
     return await service.messages(conversation, after=after, limit=limit)
 
 
-@router.delete("/{conversation_id}", status_code=status.HTTP_204_NO_CONTENT)
+@router.delete(
+    "/{conversation_id}", status_code=status.HTTP_204_NO_CONTENT, responses=problem_responses(404, 409)
+)
 async def delete_conversation(conversation_id: ConversationId, tenant: Tenant, service: Service) -> Response:
     """Delete the conversation and everything it owns."""
     await service.delete(tenant=tenant, conversation_id=conversation_id)
@@ -416,15 +504,14 @@ async def list_conversations(
 
 
 @router.patch(
-    "/{conversation_id}",
-    response_model=schemas.ConversationOut,
-    responses={412: {"model": Problem, "content": {"application/problem+json": {}}}},
+    "/{conversation_id}", response_model=schemas.ConversationOut, responses=problem_responses(404, 409, 412)
 )
 async def patch_conversation(
     conversation_id: ConversationId,
     body: schemas.PatchConversation,
     tenant: Tenant,
     service: Service,
+    response: Response,
     if_match: IfMatch = None,
 ) -> schemas.ConversationOut:
     """Update the conversation's metadata as a JSON merge patch (RFC 7396; `application/json` or
@@ -433,6 +520,7 @@ async def patch_conversation(
     `If-Match: <version>` applies the patch only at that version (412 otherwise)."""
     conversation = await service.get(tenant=tenant, conversation_id=conversation_id)
     check_version(if_match, conversation.version)
+    response.headers.update(etag(conversation.version))
     return await service.update_metadata(
         conversation, patch=body.metadata, if_version=conversation.version if if_match is not None else None
     )
@@ -443,7 +531,7 @@ async def patch_conversation(
 TurnId = Annotated[str, Path(max_length=64, description="A turn id (`turn_…`).")]
 
 
-@router.get("/{conversation_id}/turns", response_model=schemas.TurnList)
+@router.get("/{conversation_id}/turns", response_model=schemas.TurnList, responses=NOT_FOUND)
 async def list_turns(
     conversation_id: ConversationId,
     tenant: Tenant,
@@ -456,7 +544,7 @@ async def list_turns(
     return await service.list_turns(conversation, before=before, limit=limit)
 
 
-@router.get("/{conversation_id}/turns/{turn_id}", response_model=schemas.TurnOut)
+@router.get("/{conversation_id}/turns/{turn_id}", response_model=schemas.TurnOut, responses=NOT_FOUND)
 async def get_turn(
     conversation_id: ConversationId, turn_id: TurnId, tenant: Tenant, service: Service
 ) -> schemas.TurnOut:
@@ -468,7 +556,11 @@ async def get_turn(
 @router.post(
     "/{conversation_id}/turns/{turn_id}/cancel",
     response_model=schemas.TurnOut,
-    responses={409: {"model": Problem, "content": {"application/problem+json": {}}}},
+    operation_id="conversations.turns.cancel",
+    responses={
+        202: {"model": schemas.TurnOut, "description": "Not stopped yet."},
+        **problem_responses(404, 409),
+    },
 )
 async def cancel_turn(
     conversation_id: ConversationId,
@@ -493,9 +585,9 @@ async def cancel_turn(
     responses={
         200: {
             "description": "A page of events, or with `Accept: text/event-stream` the events as SSE.",
-            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            "content": SSE,
         },
-        400: {"model": Problem, "content": {"application/problem+json": {}}},
+        **problem_responses(400, 404),
     },
 )
 async def list_events(
@@ -509,7 +601,15 @@ async def list_events(
         bool,
         Query(alias="follow", description="SSE: stay open across turns (heartbeat every 15 s)."),
     ] = False,
-    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=20)] = None,
+    last_event_id: Annotated[
+        str | None,
+        Header(
+            alias="Last-Event-ID",
+            max_length=20,
+            description="SSE: resume after this event (the `id:` of the last one received).",
+            json_schema_extra={"pattern": r"^[0-9]{1,9}$"},  # checked below: a 400, as SSE clients expect
+        ),
+    ] = None,
 ) -> Response:
     """The conversation's events in order. As JSON, one page after ``after``; as SSE
     (``Accept: text/event-stream``), what is stored after ``Last-Event-ID`` (or ``after``), then the

@@ -12,7 +12,7 @@ from sqlalchemy import ColumnElement, and_, delete, func, insert, or_, select, u
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import defer
 
-from app.models import Conversation, Event, Message, StoredFile, Turn
+from app.models import ChatLink, Conversation, Event, Message, StoredFile, Turn
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +47,7 @@ class ConversationRepository:
         await self.session.execute(delete(Turn).where(Turn.conversation_id == conversation.id))
         await self.session.execute(delete(Event).where(Event.conversation_id == conversation.id))
         await self.session.execute(delete(StoredFile).where(StoredFile.conversation_id == conversation.id))
+        await self.session.execute(delete(ChatLink).where(ChatLink.conversation_id == conversation.id))
         await self.session.delete(conversation)
 
     async def messages(

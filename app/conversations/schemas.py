@@ -5,9 +5,18 @@ from __future__ import annotations
 import base64
 import binascii
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    field_validator,
+    model_validator,
+)
 
 from app.events.webhooks import URL_MAX_CHARS, check_webhook_url
 from app.kit.json_body import INT64_MAX, INT64_MIN
@@ -27,18 +36,41 @@ class TurnRequest(_Request):
 
     stream: bool = Field(
         default=False,
+        strict=True,
         description="Answer `text/event-stream`: the turn's events as they happen, ending with its end "
         "event. The turn keeps running if the client goes away.",
     )
     background: bool = Field(
         default=False,
+        strict=True,
         description="Answer 202 with the queued Turn at once and run it on a job worker; poll "
         "`GET .../turns/{turn_id}` or follow `GET .../events`. With `stream`, the events are streamed.",
     )
 
 
+def _json_integer(value: Any) -> Any:
+    """A JSON integer: a number (``5`` or ``5.0``), not a string or a boolean that lax parsing would
+    turn into one."""
+    if isinstance(value, str | bool):
+        raise ValueError("must be a JSON integer")
+    return value
+
+
 def _webhook_url_shape(value: str | None) -> str | None:
     return None if value is None else check_webhook_url(value)
+
+
+WEBHOOK_URL_PATTERN = (
+    r"^https?://[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*"
+    r"(:[1-9][0-9]{0,3})?(/[A-Za-z0-9._~/-]*)?$"
+)
+"""What ``check_webhook_url`` accepts, as the schema says it (a subset: lower-case, no query)."""
+# Checked with the body, before any state (If-Match, a running turn); keywords and helpers' names are
+# checked by the service (422 invalid_tool).
+TOOL_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+TOOL_NAME_DOC = "A Python identifier (ASCII), neither a keyword nor a built-in helper's name."
+NON_BLANK: dict[str, Any] = {"pattern": r"\S"}
+"""In the schema what ``_non_blank`` checks (its message stays the error): some non-space character."""
 
 
 def _non_blank(value: str) -> str:
@@ -57,9 +89,26 @@ def _bounded_metadata(value: Any) -> Any:
             raise ValueError(f"key {key[:20]!r}…: keys are at most {METADATA_KEY_CHARS} characters")
         if isinstance(item, str) and len(item) > METADATA_VALUE_CHARS:
             raise ValueError(f"{key!r}: string values are at most {METADATA_VALUE_CHARS} characters")
-        if isinstance(item, int) and not isinstance(item, bool) and not INT64_MIN <= item <= INT64_MAX:
-            raise ValueError(f"{key!r}: integers must fit in 64 bits (-2**63 to 2**63 - 1)")
+        number = isinstance(item, (int, float)) and not isinstance(item, bool)
+        if number and not INT64_MIN <= item <= INT64_MAX:
+            raise ValueError(f"{key!r}: numbers must be in the 64-bit integer range (-2**63 to 2**63 - 1)")
     return value
+
+
+METADATA_SCHEMA: dict[str, Any] = {
+    "propertyNames": {"maxLength": METADATA_KEY_CHARS},
+    "additionalProperties": {
+        "anyOf": [
+            {"type": "string", "maxLength": METADATA_VALUE_CHARS},
+            # JSON Schema cannot tell 1e19 from the integer 10**19: every number keeps to one range,
+            # written with bounds a double holds exactly (2**63 - 1 is not one: it rounds to 2**63).
+            {"type": "number", "minimum": INT64_MIN, "exclusiveMaximum": INT64_MAX + 1},
+            {"type": "boolean"},
+            {"type": "null"},
+        ]
+    },
+}
+"""In the schema what ``_bounded_metadata`` checks (its messages stay the errors)."""
 
 
 class FunctionDefinition(BaseModel):
@@ -67,47 +116,162 @@ class FunctionDefinition(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(min_length=1, max_length=64)
+    name: str = Field(min_length=1, max_length=64, pattern=TOOL_NAME_PATTERN, description=TOOL_NAME_DOC)
     description: str = Field(default="", max_length=4_000)
     parameters: dict[str, Any] | None = None
-    strict: bool | None = None
+    strict: bool | None = Field(default=None, strict=True)
 
 
-class ToolIn(BaseModel):
-    """An external tool in the OpenAI function-tool format, either shape:
-    ``{type, name, description, parameters}`` (Responses) or ``{type, function: {...}}`` (Chat)."""
+class ResponsesTool(BaseModel):
+    """An external tool in the OpenAI Responses shape: ``{type, name, description, parameters}``."""
 
     model_config = ConfigDict(extra="forbid")
 
     type: Literal["function"]
-    name: str | None = Field(default=None, min_length=1, max_length=64)
-    description: str | None = Field(default=None, max_length=4_000)
+    name: str = Field(min_length=1, max_length=64, pattern=TOOL_NAME_PATTERN, description=TOOL_NAME_DOC)
+    description: str = Field(default="", max_length=4_000)
     parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-    function: FunctionDefinition | None = None
-
-    @model_validator(mode="after")
-    def _one_shape(self) -> ToolIn:
-        if (self.function is None) == (self.name is None):
-            raise ValueError("give either `name` (Responses shape) or `function` (Chat Completions shape)")
-        if self.function is not None and (self.description is not None or self.parameters is not None):
-            raise ValueError("with `function`, put description and parameters inside it")
-        return self
+    strict: bool | None = Field(default=None, strict=True)
 
     def definition(self) -> FunctionDefinition:
         """The tool as one shape, whichever it came in."""
-        if self.function is not None:
-            return self.function
-        assert self.name is not None
-        return FunctionDefinition(
-            name=self.name, description=self.description or "", parameters=self.parameters
-        )
+        return FunctionDefinition(name=self.name, description=self.description, parameters=self.parameters)
+
+
+class ChatTool(BaseModel):
+    """An external tool in the OpenAI Chat Completions shape: ``{type, function: {...}}``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+    def definition(self) -> FunctionDefinition:
+        """The tool as one shape, whichever it came in."""
+        return self.function
+
+
+def _tool_shape(value: Any) -> str | None:
+    if isinstance(value, dict):
+        if ("function" in value) == ("name" in value):
+            return None
+        return "chat" if "function" in value else "responses"
+    return "chat" if isinstance(value, ChatTool) else "responses"
+
+
+ToolIn = Annotated[
+    Annotated[ResponsesTool, Tag("responses")] | Annotated[ChatTool, Tag("chat")],
+    Discriminator(
+        _tool_shape,
+        custom_error_type="tool_shape",
+        custom_error_message="give either `name` (Responses shape) or `function` (Chat Completions shape)",
+    ),
+]
+"""An external tool in either OpenAI function-tool shape."""
+
+
+# A seeded history: at most this many messages (each also bounded, and the body as a whole).
+MAX_HISTORY_MESSAGES = 1_000
+TOOL_NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
+
+
+class HistoryToolCall(_Request):
+    """A tool call an assistant message of the history made."""
+
+    id: str = Field(min_length=1, max_length=64, pattern=r"^[\x21-\x7e]+$")
+    name: str = Field(pattern=TOOL_NAME_PATTERN)
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class HistoryUser(_Request):
+    """A user message of the history."""
+
+    role: Literal["user"]
+    content: str = Field(min_length=1)
+
+
+class HistoryAssistant(_Request):
+    """An assistant message of the history: text, tool calls, or both."""
+
+    role: Literal["assistant"]
+    content: str | None = None
+    tool_calls: list[HistoryToolCall] = Field(default_factory=list, max_length=128)
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> HistoryAssistant:
+        if not (self.content or "").strip() and not self.tool_calls:
+            raise ValueError("an assistant message needs `content` or `tool_calls`")
+        return self
+
+
+class HistoryTool(_Request):
+    """The result of one tool call of the previous assistant message: an ``output`` or an ``error``."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "oneOf": [
+                {"required": ["output"], "not": {"required": ["error"]}},
+                {"required": ["error"], "not": {"required": ["output"]}},
+            ]
+        }
+    )
+
+    role: Literal["tool"]
+    tool_call_id: str = Field(min_length=1, max_length=64)
+    output: Any = None
+    error: str | None = Field(default=None, max_length=20_000)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _output_or_error(cls, data: Any) -> Any:
+        if isinstance(data, dict) and ("output" in data) == ("error" in data):
+            raise ValueError("give exactly one of `output` or `error`")
+        return data
+
+
+HistoryMessage = Annotated[HistoryUser | HistoryAssistant | HistoryTool, Field(discriminator="role")]
 
 
 class CreateConversation(TurnRequest):
     """Start a conversation and run its first turn."""
 
-    input: str = Field(description="The user's first message.")
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "input": "What is the status of order A1?",
+                    "persona": "default",
+                    "tools": [
+                        {
+                            "type": "function",
+                            "name": "get_order",
+                            "description": "Look up an order.",
+                            "parameters": {
+                                "type": "object",
+                                "properties": {"order_id": {"type": "string"}},
+                                "required": ["order_id"],
+                            },
+                        }
+                    ],
+                    "metadata": {"customer": "c_42"},
+                }
+            ]
+        }
+    )
+
+    input: str | None = Field(
+        default=None,
+        json_schema_extra=NON_BLANK,
+        description="The user's message. Required unless `messages` is given: without it, the model "
+        "continues from the history, which then ends with a user or `tool` message.",
+    )
+    messages: list[HistoryMessage] = Field(
+        default_factory=list,
+        max_length=MAX_HISTORY_MESSAGES,
+        description="A dialogue the conversation starts from, before `input`: user and assistant "
+        "messages, an assistant's `tool_calls` and a `tool` message answering each, right after it. "
+        "Stored as the start of the transcript; the model sees the calls as a block and its results.",
+    )
     persona: str = Field(default="default", max_length=64, description="Persona name.")
     instructions: str | None = Field(
         default=None,
@@ -118,9 +282,10 @@ class CreateConversation(TurnRequest):
     metadata: dict[str, MetadataValue] = Field(
         default_factory=dict,
         max_length=64,
+        json_schema_extra=METADATA_SCHEMA,
         description=(
             f"Free-form labels, returned as given: keys up to {METADATA_KEY_CHARS} characters, strings "
-            f"up to {METADATA_VALUE_CHARS}, integers in 64 bits."
+            f"up to {METADATA_VALUE_CHARS}, numbers in the 64-bit integer range."
         ),
     )
     max_iterations: int | None = Field(
@@ -134,21 +299,37 @@ class CreateConversation(TurnRequest):
     webhook_url: str | None = Field(
         default=None,
         max_length=URL_MAX_CHARS,
+        json_schema_extra={"format": "uri", "pattern": WEBHOOK_URL_PATTERN},
         description="POST the end of every turn here (turn.completed, turn.awaiting_tool_results, "
         "turn.failed, turn.cancelled), signed the Standard Webhooks way with the tenant's secret; "
         "unset: the tenant's default, if any. An http or https URL without credentials; a private or "
         "loopback address is refused at delivery unless the server allows it.",
     )
 
-    _input = field_validator("input")(_non_blank)
+    _max_iterations = field_validator("max_iterations", mode="before")(_json_integer)
     _metadata = field_validator("metadata", mode="before")(_bounded_metadata)
     _webhook_url = field_validator("webhook_url")(_webhook_url_shape)
+
+    @field_validator("input")
+    @classmethod
+    def _input_not_blank(cls, value: str | None) -> str | None:
+        return None if value is None else _non_blank(value)
+
+    @model_validator(mode="after")
+    def _something_to_answer(self) -> CreateConversation:
+        if self.input is None and (not self.messages or self.messages[-1].role == "assistant"):
+            raise ValueError(
+                "give `input`, or `messages` that end with a user or tool message for the model to answer"
+            )
+        return self
 
 
 class PostMessage(TurnRequest):
     """The next user message."""
 
-    input: str
+    model_config = ConfigDict(json_schema_extra={"examples": [{"input": "And order B2?"}]})
+
+    input: str = Field(description="The user's message.", json_schema_extra=NON_BLANK)
     tools: list[ToolIn] | None = Field(
         default=None,
         max_length=128,
@@ -158,43 +339,91 @@ class PostMessage(TurnRequest):
     _input = field_validator("input")(_non_blank)
 
 
-class ToolResultIn(BaseModel):
-    """The caller's answer to one pending call: an ``output`` (any JSON) or an ``error`` message."""
+class ToolOutput(BaseModel):
+    """The caller's answer to one pending call: its ``output`` (any JSON, ``null`` included)."""
 
     model_config = ConfigDict(extra="forbid")
 
     tool_call_id: str = Field(min_length=1, max_length=64)
-    output: Any = None
-    error: str | None = Field(default=None, max_length=20_000)
+    output: Any = Field(description="What the call returns to the code (any JSON).")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _output_or_error(cls, data: Any) -> Any:
-        if isinstance(data, dict) and ("output" in data) == ("error" in data):
-            raise ValueError("give exactly one of `output` or `error`")
-        return data
+    @property
+    def error(self) -> None:
+        """No error: this result is an output."""
+        return None
+
+
+class ToolError(BaseModel):
+    """The caller's answer to one pending call: it failed with this ``error`` message (raised in the code)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tool_call_id: str = Field(min_length=1, max_length=64)
+    error: str = Field(max_length=20_000)
+
+    @property
+    def output(self) -> None:
+        """No output: this result is an error."""
+        return None
+
+
+def _result_shape(value: Any) -> str | None:
+    if isinstance(value, dict):
+        if ("output" in value) == ("error" in value):
+            return None
+        return "error" if "error" in value else "output"
+    return "error" if isinstance(value, ToolError) else "output"
+
+
+ToolResultIn = Annotated[
+    Annotated[ToolOutput, Tag("output")] | Annotated[ToolError, Tag("error")],
+    Discriminator(
+        _result_shape,
+        custom_error_type="tool_result_shape",
+        custom_error_message="give exactly one of `output` or `error`",
+    ),
+]
+"""One result: exactly one of ``output`` or ``error``."""
 
 
 class ToolResults(TurnRequest):
     """Results for the pending tool calls, exactly one per pending call."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "results": [
+                        {"tool_call_id": "call_1", "output": {"status": "shipped"}},
+                        {"tool_call_id": "call_2", "error": "order B2 not found"},
+                    ]
+                }
+            ]
+        }
+    )
+
     results: list[ToolResultIn] = Field(min_length=1, max_length=128)
 
 
-class Usage(BaseModel):
+class _Out(BaseModel):
+    # Fields with defaults are always sent: required in the response schema (no "unset" in SDKs).
+    model_config = ConfigDict(json_schema_serialization_defaults_required=True)
+
+
+class Usage(_Out):
     input_tokens: int = 0
     output_tokens: int = 0
     llm_calls: int = 0
     iterations: int = 0
 
 
-class TurnErrorBody(BaseModel):
+class TurnErrorBody(_Out):
     code: str
     message: str
     retryable: bool
 
 
-class PendingToolCall(BaseModel):
+class PendingToolCall(_Out):
     id: str
     name: str
     arguments: dict[str, Any]
@@ -205,7 +434,7 @@ class PendingToolCall(BaseModel):
 TurnStatus = Literal["queued", "running", "completed", "awaiting_tool_results", "failed", "cancelled"]
 
 
-class TurnOut(BaseModel):
+class TurnOut(_Out):
     """The result of one turn."""
 
     conversation_id: str
@@ -223,7 +452,7 @@ class TurnOut(BaseModel):
     finished_at: datetime | None = None
 
 
-class TurnList(BaseModel):
+class TurnList(_Out):
     """Turns of a conversation, newest first."""
 
     data: list[TurnOut]
@@ -234,7 +463,7 @@ class TurnList(BaseModel):
 ConversationStatus = Literal["idle", "running", "awaiting_tool_results"]
 
 
-class ConversationOut(BaseModel):
+class ConversationOut(_Out):
     """A conversation's state."""
 
     id: str
@@ -250,7 +479,7 @@ class ConversationOut(BaseModel):
     updated_at: datetime
 
 
-class ConversationList(BaseModel):
+class ConversationList(_Out):
     """One page of the tenant's conversations, newest first."""
 
     data: list[ConversationOut]
@@ -294,8 +523,13 @@ METADATA_MAX_KEYS = 64
 class PatchConversation(_Request):
     """Change a conversation's metadata, as a JSON merge patch (RFC 7396) of the stored object."""
 
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"metadata": {"tier": "gold", "obsolete": None}}]}
+    )
+
     metadata: dict[str, MetadataValue] = Field(
         max_length=METADATA_MAX_KEYS,
+        json_schema_extra=METADATA_SCHEMA,
         description=(
             "Merged into the stored metadata: a key with a value sets it (same limits as at creation), a "
             f"key with `null` removes it, keys not named are kept. At most {METADATA_MAX_KEYS} keys "
@@ -306,7 +540,7 @@ class PatchConversation(_Request):
     _metadata = field_validator("metadata", mode="before")(_bounded_metadata)
 
 
-class MessageOut(BaseModel):
+class MessageOut(_Out):
     id: str
     seq: int
     turn_id: str
@@ -315,7 +549,7 @@ class MessageOut(BaseModel):
     created_at: datetime
 
 
-class MessageList(BaseModel):
+class MessageList(_Out):
     data: list[MessageOut]
     has_more: bool
     next_after: int | None = Field(description="Pass as `after` to get the next page.")

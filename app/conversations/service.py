@@ -9,9 +9,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import keyword
 import shutil
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -34,17 +35,18 @@ from app.events.repository import EventRepository
 from app.events.schemas import EventType
 from app.events.webhooks import schedule_turn_webhook, webhook_event
 from app.helpers import HELPERS, Usage
-from app.kit import periodic
+from app.kit import periodic, tracing
 from app.kit.clock import utcnow
 from app.kit.errors import Conflict, Gone, NotFound, PayloadTooLarge, PreconditionFailed, Unprocessable
 from app.kit.idempotency import Idempotency
 from app.kit.ids import new_id
-from app.kit.metrics import LLM_TOKENS, TURN_SECONDS, TURNS
+from app.kit.metrics import LLM_TOKENS, OTHER_LABEL, TURN_SECONDS, TURNS
 from app.models import Conversation, StoredFile, Turn
 from app.orchestrator.loop import TurnError, TurnInput, TurnLoop, TurnOutcome
 from app.orchestrator.messages import (
     HelpersResultPart,
     TextPart,
+    ToolCallPart,
     ToolResultPart,
     TranscriptMessage,
     load_parts,
@@ -60,6 +62,7 @@ from app.tools.mcp import McpManager
 from app.tools.registry import ToolDefinitionError, ToolRegistry, make_tool
 
 if TYPE_CHECKING:
+    from app.auth.limits import TenantLimiter
     from app.wiring import Resources
 
 log = structlog.get_logger(__name__)
@@ -105,6 +108,11 @@ class UnknownPersona(Unprocessable):
     title = "Unknown persona"
 
 
+class InvalidHistory(Unprocessable):
+    code = "invalid_history"
+    title = "Invalid conversation history"
+
+
 class InvalidCursor(Unprocessable):
     code = "invalid_cursor"
     title = "Invalid pagination cursor"
@@ -127,10 +135,18 @@ class ConversationService:
     control: TurnControl | None = None  # detached turns and cancels (None: only waited-for turns)
     sessionmaker: async_sessionmaker[AsyncSession] | None = None  # events written while a turn runs
     resources: Resources | None = None  # the process's shared resources (webhooks are queued on its jobs)
+    # Called with a waited-for turn's result in the transaction that stores it (the Chat Completions
+    # face links the dialogue to the conversation there, so the two are committed together).
+    on_stored: Callable[[schemas.TurnOut], Awaitable[None]] | None = None
 
     @property
     def repo(self) -> ConversationRepository:
         return ConversationRepository(self.session)
+
+    @property
+    def limiter(self) -> TenantLimiter | None:
+        """The process's per-tenant limits (None without the shared resources, as in unit use)."""
+        return self.resources.limiter if self.resources is not None else None
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -194,8 +210,14 @@ class ConversationService:
         if persona is None:
             names = ", ".join(sorted(self.personas))
             raise UnknownPersona(f"persona: no persona {body.persona!r}; available: {names}.")
-        self._check_input(body.input)
+        if body.input is not None:
+            self._check_input(body.input)
         tools = _tool_definitions(body.tools, field="tools")
+        history = seeded_transcript(
+            body.messages,
+            max_chars=self.settings.max_input_chars,
+            max_output_bytes=self.settings.max_tool_output_bytes,
+        )
         turn_id = new_id("turn")
         now = utcnow()
         conversation = Conversation(
@@ -222,7 +244,7 @@ class ConversationService:
         return await self._run_turn(
             conversation,
             turn_id=turn_id,
-            new_messages=[_user_text(body.input)],
+            new_messages=[*history, *([_user_text(body.input)] if body.input is not None else [])],
             idempotency=idempotency,
             status_code=201,
             new=True,
@@ -474,10 +496,18 @@ class ConversationService:
         A ``new`` conversation waited for is stored with its first turn, in one transaction: nobody
         knows its id before the response, so it needs no lock and has no history."""
         started = time.perf_counter()
+        structlog.contextvars.bind_contextvars(conversation_id=conversation.id, turn_id=turn_id)
+        # The tenant's limits first: a refused turn has written and locked nothing.
+        limited = self.limiter is not None and await self.limiter.acquire_turn(conversation.tenant, turn_id)
         if not new:
             seen_version = conversation.version
-            holder = await self.locks.acquire(conversation.id, turn_id=turn_id)
+            try:
+                holder = await self.locks.acquire(conversation.id, turn_id=turn_id)
+            except BaseException:
+                await self._release_place(conversation.tenant, turn_id, held=limited)
+                raise
             if holder is not None:
+                await self._release_place(conversation.tenant, turn_id, held=limited)
                 raise TurnRunning(
                     f"Turn {holder} is running on this conversation; retry when it has finished.",
                     extra={"current": {"turn_id": holder}},
@@ -547,6 +577,8 @@ class ConversationService:
                 await idempotency.complete(
                     self.session, status_code=status_code, body=turn.model_dump(mode="json")
                 )
+            if self.on_stored is not None:
+                await self.on_stored(turn)
             # Commit before the lock is released: the next turn must see this one's state.
             await self.session.commit()
         except BaseException:
@@ -559,11 +591,48 @@ class ConversationService:
                     await self._abandon(turn_id)
             raise
         finally:
-            if not new and not detached:
-                await self.locks.release(conversation.id, turn_id=turn_id)
+            if not detached:
+                await self._release_place(conversation.tenant, turn_id, held=limited)
+                if not new:
+                    await self.locks.release(conversation.id, turn_id=turn_id)
         await self._ended(conversation, turn, rows=rows, recorder=recorder)
-        _count(turn, started=started)
+        self._count(conversation, turn, started=started)
         return turn
+
+    async def _release_place(self, tenant: str, turn_id: str, *, held: bool = True) -> None:
+        """Give the turn's place among its tenant's concurrent turns back (best effort: a place
+        that cannot be given back lapses with its lease)."""
+        if held and self.limiter is not None:
+            try:
+                await self.limiter.release_turn(tenant, turn_id)
+            except Exception:
+                log.warning("turn_place_not_released", tenant=tenant, turn_id=turn_id, exc_info=True)
+
+    def _count(self, conversation: Conversation, turn: schemas.TurnOut, *, started: float) -> None:
+        """Metrics (labelled by persona, model and outcome, bounded values) and the log line of a
+        turn that ended."""
+        model = conversation.model or self.settings.model
+        known = {self.settings.model} | {p.model for p in self.personas.values() if p.model}
+        labels = {
+            "persona": conversation.persona if conversation.persona in self.personas else OTHER_LABEL,
+            "model": model if model in known else OTHER_LABEL,
+        }
+        seconds = time.perf_counter() - started
+        TURNS.labels(outcome=turn.status, **labels).inc()
+        TURN_SECONDS.labels(outcome=turn.status, **labels).observe(seconds)
+        LLM_TOKENS.labels(direction="input", **labels).inc(turn.usage.input_tokens)
+        LLM_TOKENS.labels(direction="output", **labels).inc(turn.usage.output_tokens)
+        # One line per turn, wherever it ran, under the request id of the request that started it.
+        log.info(
+            "turn_finished",
+            outcome=turn.status,
+            persona=conversation.persona,
+            model=model,
+            iterations=turn.usage.iterations,
+            input_tokens=turn.usage.input_tokens,
+            output_tokens=turn.usage.output_tokens,
+            duration_ms=round(seconds * 1000, 1),
+        )
 
     async def _ended(
         self,
@@ -573,8 +642,15 @@ class ConversationService:
         rows: list[dict[str, Any]],
         recorder: TurnRecorder,
     ) -> None:
-        """After a turn's end is committed: its last events to live watchers, its webhook queued."""
+        """After a turn's end is committed: its last events to live watchers, its webhook queued,
+        its tokens counted against the tenant's quota."""
         await recorder.publish(rows)
+        tokens = turn.usage.input_tokens + turn.usage.output_tokens
+        if self.limiter is not None and tokens:
+            try:
+                await self.limiter.add_tokens(conversation.tenant, tokens)
+            except Exception:
+                log.warning("token_quota_not_counted", tenant=conversation.tenant, exc_info=True)
         if self.resources is not None:
             await schedule_turn_webhook(
                 self.resources,
@@ -677,6 +753,8 @@ class ConversationService:
         # Kept apart: after the rollback of a discarded outcome the loaded objects are expired, and
         # reading an attribute would be a lazy load, which asyncio cannot do (MissingGreenlet).
         conversation_id = conversation.id
+        tenant = conversation.tenant
+        structlog.contextvars.bind_contextvars(conversation_id=conversation_id, turn_id=turn_id)
         holder = await self.locks.acquire(conversation_id, turn_id=turn_id)
         if holder not in (None, turn_id):
             await self._end_unrun(
@@ -735,9 +813,11 @@ class ConversationService:
                 log.warning("stored_turn_discarded", turn_id=turn_id, reason="the conversation moved on")
                 return
         finally:
+            # The place its request took among the tenant's turns ends with the turn, however it ends.
+            await self._release_place(tenant, turn_id)
             await self.locks.release(conversation_id, turn_id=turn_id)
         await self._ended(conversation, turn, rows=rows, recorder=recorder)
-        _count(turn, started=started)
+        self._count(conversation, turn, started=started)
 
     async def _end_unrun(
         self,
@@ -776,6 +856,7 @@ class ConversationService:
                 continue
             await self._ended(conversation, turn, rows=rows, recorder=recorder)
             break
+        await self._release_place(conversation.tenant, row.id)
         await self.locks.release(conversation.id, turn_id=row.id)
         return turn
 
@@ -794,9 +875,9 @@ class ConversationService:
         its lock and lease renewed and its row polled for a cancel."""
         with self._cancel_signal(turn_id) as cancel:
             async with (
-                self._watch(conversation.id, turn_id=turn_id, cancel=cancel)
+                self._watch(conversation.id, turn_id=turn_id, cancel=cancel, tenant=conversation.tenant)
                 if watch
-                else contextlib.nullcontext()
+                else self._keep_place(conversation.tenant, turn_id=turn_id)
             ):
                 return await self._run_loop(
                     conversation,
@@ -817,8 +898,23 @@ class ConversationService:
             yield event
 
     @contextlib.asynccontextmanager
+    async def _keep_place(self, tenant: str, *, turn_id: str) -> AsyncIterator[None]:
+        """While a new conversation's first turn runs (it has no lock to renew): renew its place
+        among the tenant's concurrent turns, so a long turn does not lose it."""
+        limiter = self.limiter
+        if limiter is None or limiter.policy(tenant).max_concurrent_turns <= 0:
+            yield
+            return
+
+        async def step() -> None:
+            await limiter.renew_turn(tenant, turn_id)
+
+        async with periodic.every(self.settings.lock_lease_seconds / 3, step, name=f"place {turn_id}"):
+            yield
+
+    @contextlib.asynccontextmanager
     async def _watch(
-        self, conversation_id: str, *, turn_id: str, cancel: asyncio.Event
+        self, conversation_id: str, *, turn_id: str, cancel: asyncio.Event, tenant: str | None = None
     ) -> AsyncIterator[None]:
         """While a turn runs: renew its conversation lock and its own lease, and notice a cancel
         recorded in the store (how a cancel reaches it without Redis, and a safety net with it)."""
@@ -835,6 +931,8 @@ class ConversationService:
                 renewed = time.monotonic()
                 if not await self.locks.renew(conversation_id, turn_id=turn_id):
                     log.warning("lock_lost", conversation_id=conversation_id, turn_id=turn_id)
+                if self.limiter is not None and tenant is not None:
+                    await self.limiter.renew_turn(tenant, turn_id)
                 if owner is not None and self.sessionmaker is not None:
                     async with self.sessionmaker() as session, session.begin():
                         await ConversationRepository(session).renew_turn(
@@ -1016,7 +1114,17 @@ class ConversationService:
             cancel=cancel,
         )
         try:
-            outcome = await self.loop.run(turn)
+            with tracing.span(
+                "turn",
+                {
+                    "sabre.conversation_id": conversation.id,
+                    "sabre.turn_id": turn_id,
+                    "sabre.persona": persona.name,
+                    "sabre.model": turn.model,
+                },
+            ) as span:
+                outcome = await self.loop.run(turn)
+                span.set_attribute("sabre.outcome", outcome.status)
             outcome.warnings = warnings + outcome.warnings
             return outcome
         except Exception:
@@ -1040,6 +1148,7 @@ class ConversationService:
     ) -> tuple[schemas.TurnOut, list[dict[str, Any]]]:
         """Phase 3: messages, the turn, the snapshot, totals and the turn's last events (its end
         event included), in the session's transaction; the event rows to publish once committed."""
+        await recorder.stop_writing()  # before this transaction takes the store's write lock
         now = utcnow()
         seq = conversation.next_seq
         messages = [
@@ -1204,7 +1313,7 @@ def _record_start(
         {"tool_call_id": part.tool_call_id, "output": part.output, "error": part.error}
         for message in new_messages
         for part in message.parts
-        if isinstance(part, ToolResultPart)
+        if isinstance(part, ToolResultPart) and not part.seeded
     ]
     if results:
         recorder.emit("tool_results.received", {"results": results})
@@ -1253,11 +1362,96 @@ def _end_type(status: str) -> EventType:
     return ends[status]
 
 
-def _count(turn: schemas.TurnOut, *, started: float) -> None:
-    TURNS.labels(status=turn.status).inc()
-    TURN_SECONDS.observe(time.perf_counter() - started)
-    LLM_TOKENS.labels(direction="input").inc(turn.usage.input_tokens)
-    LLM_TOKENS.labels(direction="output").inc(turn.usage.output_tokens)
+def seeded_transcript(
+    messages: Sequence[schemas.HistoryUser | schemas.HistoryAssistant | schemas.HistoryTool],
+    *,
+    max_chars: int,
+    max_output_bytes: int,
+) -> list[TranscriptMessage]:
+    """A history a conversation starts from, checked and as transcript messages (422 naming the
+    first bad message): each tool call answered exactly once, by ``tool`` messages right after its
+    assistant message; ids unique; texts and outputs within the service's limits."""
+    transcript: list[TranscriptMessage] = []
+    open_calls: dict[str, int] = {}  # id -> the index of the assistant message that made it
+    seen: set[str] = set()
+    for index, message in enumerate(messages):
+        where = f"messages.{index}"
+        if message.role != "tool" and open_calls:
+            made_by = next(iter(open_calls.values()))
+            raise InvalidHistory(
+                f"{where}: the tool calls {', '.join(open_calls)} of messages.{made_by} have no `tool` "
+                "message before this one."
+            )
+        if message.role == "user":
+            _check_history_text(message.content, where=where, limit=max_chars)
+            transcript.append(_user_text(message.content))
+        elif message.role == "assistant":
+            parts: list[TextPart | ToolCallPart] = []
+            if message.content and message.content.strip():
+                _check_history_text(message.content, where=where, limit=max_chars)
+                parts.append(TextPart(text=message.content))
+            for call in message.tool_calls:
+                if call.id in seen:
+                    raise InvalidHistory(
+                        f"{where}: the tool call id {call.id!r} is used twice in the history."
+                    )
+                seen.add(call.id)
+                open_calls[call.id] = index
+                _check_history_output(call.arguments, where=f"{where}.tool_calls", limit=max_output_bytes)
+                parts.append(
+                    ToolCallPart(
+                        id=call.id,
+                        name=call.name,
+                        arguments=call.arguments,
+                        code=_call_code(call.name, call.arguments),
+                        seeded=True,
+                    )
+                )
+            transcript.append(TranscriptMessage(role="assistant", parts=list(parts)))
+        else:
+            if open_calls.pop(message.tool_call_id, None) is None:
+                raise InvalidHistory(
+                    f"{where}: tool_call_id {message.tool_call_id!r} answers no unanswered tool call of the "
+                    "assistant message before it."
+                )
+            if message.error is None:
+                _check_history_output(message.output, where=where, limit=max_output_bytes)
+            result = ToolResultPart(
+                tool_call_id=message.tool_call_id, output=message.output, error=message.error, seeded=True
+            )
+            previous = transcript[-1]
+            if previous.role == "user" and all(isinstance(p, ToolResultPart) for p in previous.parts):
+                previous.parts.append(result)  # the results of one assistant message, together
+            else:
+                transcript.append(TranscriptMessage(role="user", parts=[result]))
+    if open_calls:
+        raise InvalidHistory(
+            f"messages: the tool calls {', '.join(open_calls)} have no `tool` message; a history ends "
+            "with every call answered (the new `input` follows it)."
+        )
+    return transcript
+
+
+def _check_history_text(text: str, *, where: str, limit: int) -> None:
+    if len(text) > limit:
+        raise PayloadTooLarge(
+            f"{where}: {len(text)} characters; the limit is {limit} (SABRE_MAX_INPUT_CHARS)."
+        )
+
+
+def _check_history_output(value: Any, *, where: str, limit: int) -> None:
+    size = len(json.dumps(value, ensure_ascii=False).encode())
+    if size > limit:
+        raise PayloadTooLarge(
+            f"{where}: {size} bytes of JSON; the limit is {limit} (SABRE_MAX_TOOL_OUTPUT_BYTES)."
+        )
+
+
+def _call_code(name: str, arguments: dict[str, Any]) -> str:
+    """A history's tool call as the Python call the model would write (``name(key=value)``)."""
+    if all(key.isidentifier() and not keyword.iskeyword(key) for key in arguments):
+        return f"{name}({', '.join(f'{key}={value!r}' for key, value in arguments.items())})"
+    return f"{name}(**{arguments!r})"
 
 
 def _user_text(text: str) -> TranscriptMessage:

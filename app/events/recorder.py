@@ -148,6 +148,12 @@ class TurnRecorder:
             flusher.cancel()
             await asyncio.wait({flusher}, timeout=1.0)
 
+    async def stop_writing(self) -> None:
+        """Let a background write finish, and start no other: called before the turn's final
+        transaction writes anything. On SQLite that transaction holds the only write lock, so a
+        background write still waiting for it could only time out, its events lost to the drain."""
+        await self._stop_flusher()
+
     async def drain(self, session: AsyncSession) -> list[dict[str, Any]]:
         """Stop writing in the background and add what is left to ``session``'s transaction; the
         caller commits it and then calls ``publish`` with the returned rows."""

@@ -9,23 +9,23 @@ from fastapi import APIRouter, Path, Response
 from app.auth.dependencies import Tenant
 from app.files.repository import FileRepository
 from app.kit.db import Session
-from app.kit.errors import NotFound, Problem
+from app.kit.errors import NotFound
 from app.kit.json_body import StrictJSONRoute
+from app.kit.openapi import problem_responses
 
-router = APIRouter(
-    prefix="/v1/files",
-    tags=["files"],
-    route_class=StrictJSONRoute,
-    responses={
-        code: {"model": Problem, "content": {"application/problem+json": {}}} for code in (401, 404, 422)
-    },
-)
+router = APIRouter(prefix="/v1/files", tags=["files"], route_class=StrictJSONRoute)
 
 
 @router.get(
     "/{file_id}",
     response_class=Response,
-    responses={200: {"content": {"image/png": {}}, "description": "The file's bytes."}},
+    responses={
+        200: {
+            "content": {"image/png": {"schema": {"type": "string", "format": "binary"}}},
+            "description": "The file's bytes (a PNG figure).",
+        },
+        **problem_responses(404),
+    },
 )
 async def get_file(
     file_id: Annotated[str, Path(max_length=64, description="A file id (`file_…`).")],

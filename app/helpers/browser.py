@@ -16,9 +16,13 @@ import functools
 import importlib.util
 from typing import TYPE_CHECKING, Any, Final
 
+import structlog
+
 from app.helpers.base import HelperContext, HelperError, HelperSpec, bind_arguments
 from app.helpers.files import clean_stem, workdir_of, write_new_file
 from app.helpers.net import FetchError, FetchLimits, NetworkPolicy, default_limits, fetch, host_of, parse_url
+
+log = structlog.get_logger(__name__)
 
 if TYPE_CHECKING:
     from playwright.async_api import Route
@@ -178,6 +182,11 @@ async def screenshot(ctx: HelperContext, args: list[Any], kwargs: dict[str, Any]
         if router.refused:
             message += f" (refused: {router.refused[0]})"
         raise HelperError(f"Browser.screenshot: {message}") from None
+    except Exception as exc:  # the driver or the browser did not start (a missing library, say)
+        log.warning("browser_failed", error=repr(exc))
+        raise HelperError(
+            f"Browser.screenshot: the browser could not run here ({type(exc).__name__})"
+        ) from None
     stem = clean_stem(f"screenshot-{host_of(parsed)}", default="screenshot")
     return await write_new_file(workdir, stem=stem, suffix=".png", data=png)
 

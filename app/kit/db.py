@@ -8,7 +8,8 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from sqlalchemy import JSON, DateTime, Dialect, MetaData, TypeDecorator, event
-from sqlalchemy.exc import DisconnectionError
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, DisconnectionError
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     AsyncSession,
@@ -108,3 +109,24 @@ async def get_session(request: Request) -> AsyncIterator[AsyncSession]:
 
 
 Session = Annotated[AsyncSession, Depends(get_session)]
+
+
+def store_location(url: str) -> str:
+    """Where ``url`` points, safe to print: driver, user, host, port and database, no password."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "an unparsable URL"
+
+
+def store_problem(url: str, exc: BaseException) -> str:
+    """One line saying why the store behind ``url`` cannot be used (start-up, ``sabre migrate``):
+    the driver's own error rather than SQLAlchemy's wrapper with its SQL and link."""
+    cause = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
+    reason = " ".join(str(cause).split()) or type(cause).__name__
+    if isinstance(cause, TimeoutError):
+        reason = "no answer in time"
+    return (
+        f"The store at {store_location(url)} cannot be used ({type(cause).__name__}: {reason[:300]}). "
+        "Check SABRE_DATABASE_URL (e.g. postgresql://user:password@host:5432/db) and that the database runs."
+    )

@@ -8,17 +8,34 @@ import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = structlog.get_logger(__name__)
 
 PROBLEM_JSON = "application/problem+json"
+WWW_AUTHENTICATE = 'Bearer realm="sabre"'
 
 
 class Problem(BaseModel):
-    """The problem+json body every error response carries."""
+    """The problem+json body every error response carries (RFC 9457); ``code`` is stable, for programs."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "type": "https://sabre.dev/problems/precondition_failed",
+                    "title": "Precondition failed",
+                    "status": 412,
+                    "code": "precondition_failed",
+                    "detail": "If-Match is '\"2\"' but the conversation is at version 3.",
+                    "instance": "/v1/conversations/conv_123/messages",
+                    "current": {"version": 3},
+                }
+            ]
+        }
+    )
 
     type: str
     title: str
@@ -37,11 +54,17 @@ class SabreError(Exception):
     status: ClassVar[int] = 500
     code: ClassVar[str] = "internal_error"
     title: ClassVar[str] = "Internal error"
+    class_headers: ClassVar[dict[str, str]] = {}
+    """Response headers every error of the class carries (``WWW-Authenticate`` on a 401)."""
 
-    def __init__(self, detail: str, *, extra: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, detail: str, *, extra: dict[str, Any] | None = None, headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(detail)
         self.detail = detail
         self.extra = extra or {}
+        # The class's headers, and those of this error (Retry-After, RateLimit…).
+        self.headers: dict[str, str] = {**self.class_headers, **(headers or {})}
 
     def to_problem(self, *, instance: str | None = None) -> Problem:
         """The problem+json body for this error."""
@@ -71,6 +94,7 @@ class Unauthorized(SabreError):
     status = 401
     code = "unauthorized"
     title = "Missing or invalid API key"
+    class_headers: ClassVar[dict[str, str]] = {"WWW-Authenticate": WWW_AUTHENTICATE}
 
 
 class NotFound(SabreError):
@@ -107,6 +131,14 @@ class Unprocessable(SabreError):
     status = 422
     code = "validation_error"
     title = "Request validation failed"
+
+
+class TooManyRequests(SabreError):
+    """A limit refused the request before it did anything; ``headers`` say when to retry."""
+
+    status = 429
+    code = "rate_limited"
+    title = "Too many requests"
 
 
 class ServiceUnavailable(SabreError):
@@ -156,12 +188,25 @@ def _clean_validation_errors(errors: Any) -> list[dict[str, Any]]:
     return cleaned
 
 
+def _allowed_methods(request: Request) -> set[str]:
+    """Every method some route serves at the request's path."""
+    from fastapi.routing import iter_route_contexts
+    from starlette.routing import Match
+
+    allowed: set[str] = set()
+    for route in iter_route_contexts(request.app.routes):
+        methods = route.methods
+        if methods and route.matches(request.scope)[0] is not Match.NONE:
+            allowed.update(methods)
+    return allowed
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Route every error (ours, validation, routing, unexpected) through problem+json."""
 
     @app.exception_handler(SabreError)
     async def _sabre_error(request: Request, exc: SabreError) -> JSONResponse:
-        return problem_response(exc.to_problem(instance=request.url.path))
+        return problem_response(exc.to_problem(instance=request.url.path), headers=exc.headers or None)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -188,7 +233,12 @@ def install_error_handlers(app: FastAPI) -> None:
             detail=str(exc.detail) if exc.status_code != 404 else f"No route for {request.url.path}",
             instance=request.url.path,
         )
-        return problem_response(problem, headers=getattr(exc, "headers", None))
+        headers = dict(getattr(exc, "headers", None) or {})
+        if exc.status_code == 405:
+            # Starlette names the methods of the first route on the path; a path served by several
+            # routes (GET, PATCH and DELETE of a conversation) allows them all.
+            headers["Allow"] = ", ".join(sorted(_allowed_methods(request)))
+        return problem_response(problem, headers=headers or None)
 
     @app.exception_handler(DBAPIError)
     async def _database_error(request: Request, exc: DBAPIError) -> JSONResponse:

@@ -2,8 +2,9 @@
 
 Python's ``json`` reads ``NaN``, ``Infinity`` and ``1e400`` (as inf), which the store would keep as
 non-standard JSON (PostgreSQL refuses it outright), and a body nested thousands of levels deep fails
-with a RecursionError wherever it is walked next. Routers parse bodies through ``StrictJSONRoute``,
-so both are a 422 before endpoint code runs; ``nesting_path`` bounds other caller JSON (tool schemas).
+with a RecursionError wherever it is walked next; PostgreSQL refuses a NUL character anywhere (in
+bodies, paths and queries alike). Routers parse requests through ``StrictJSONRoute``, so all three are
+a 422 before endpoint code runs; ``nesting_path`` bounds other caller JSON (tool schemas).
 """
 
 from __future__ import annotations
@@ -80,6 +81,36 @@ def _finite_float(text: str) -> float:
     return value
 
 
+def nul_path(value: Any) -> Path | None:
+    """The path to the first string (value or key) holding a NUL character, else None.
+
+    PostgreSQL keeps no NUL in text or jsonb (the write fails), so the API accepts none on any store.
+    """
+    stack: list[tuple[Any, Path]] = [(value, [])]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, str):
+            if "\x00" in node:
+                return path
+        elif isinstance(node, dict):
+            for key, child in node.items():
+                if "\x00" in key:
+                    return [*path, key]
+                stack.append((child, [*path, key]))
+        elif isinstance(node, list):
+            stack.extend((child, [*path, index]) for index, child in enumerate(node))
+    return None
+
+
+def has_nul(what: str, path: Path) -> Unprocessable:
+    """The 422 for a NUL character in a request string."""
+    shown = ".".join(str(part).replace("\x00", "\\u0000") for part in path[:12]) or what
+    return Unprocessable(
+        f"{shown}: NUL characters (\\u0000) are not accepted.",
+        extra={"errors": [{"loc": path, "msg": "contains a NUL character", "type": "string_nul"}]},
+    )
+
+
 def loads(data: bytes | str) -> Any:
     """Parse a request body as RFC 8259 JSON of bounded depth; ``Unprocessable`` when it is not.
 
@@ -97,7 +128,22 @@ def loads(data: bytes | str) -> Any:
         path = nesting_path(value)
         if path is not None:
             raise too_deep("The JSON body", path)
+    # JSON can only carry a NUL escaped: no escape, no walk.
+    if (b"\\u0000" in data) if isinstance(data, bytes) else ("\\u0000" in data):
+        path = nul_path(value)
+        if path is not None:
+            raise has_nul("The JSON body", path)
     return value
+
+
+def _refuse_nul(request: Request) -> None:
+    """422 for a NUL character in a path or query parameter (see ``nul_path``)."""
+    for name, value in request.path_params.items():
+        if isinstance(value, str) and "\x00" in value:
+            raise has_nul(name, ["path", name])
+    for name, value in request.query_params.multi_items():
+        if "\x00" in name or "\x00" in value:
+            raise has_nul(name, ["query", name])
 
 
 class StrictJSONRequest(Request):
@@ -127,10 +173,12 @@ class StrictJSONRoute(APIRoute):
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
-        if self.body_field is None:
-            return handler
+        has_body = self.body_field is not None
 
         async def strict_handler(request: Request) -> Response:
+            _refuse_nul(request)
+            if not has_body:
+                return await handler(request)
             request = StrictJSONRequest(request.scope, request.receive)
             if _declares_json(request.headers.get("content-type")) and await request.body():
                 with contextlib.suppress(ValueError):  # malformed: FastAPI parses it again, reports it

@@ -22,6 +22,7 @@ import structlog
 from app.events.recorder import TurnRecorder
 from app.helpers import HELPERS, PARENT_HELPERS, HelperContext, HelperError, Usage
 from app.helpers.net import FetchLimits
+from app.kit import tracing
 from app.kit.clock import utcnow
 from app.kit.ids import new_id
 from app.kit.metrics import BLOCK_SECONDS, BLOCKS
@@ -113,6 +114,15 @@ class TurnLoop:
     async def run(self, turn: TurnInput, *, depth: int = 0, parent_event: str | None = None) -> TurnOutcome:
         """Run one turn until the model answers, the turn pauses on a tool call, it fails or it is
         cancelled. ``parent_event``: the node its events nest under (a sub-task's ``helper.started``)."""
+        iterations = tracing.SpanSequence("iteration")  # a span per iteration, when tracing is on
+        try:
+            return await self._run(turn, iterations, depth=depth, parent_event=parent_event)
+        finally:
+            iterations.close()
+
+    async def _run(
+        self, turn: TurnInput, iterations: tracing.SpanSequence, *, depth: int, parent_event: str | None
+    ) -> TurnOutcome:
         events = turn.events
         node = parent_event  # None: the turn's own root (turn.started)
         ctx = HelperContext(
@@ -131,7 +141,8 @@ class TurnLoop:
         snapshot = turn.snapshot
         last_prose: str | None = None
         block = turn.resume  # a resumed turn first finishes the block it paused in
-        history = to_llm_messages(turn.history)  # rendered once; only this turn's messages change
+        # Rendered once; only this turn's messages change.
+        history = to_llm_messages(turn.history, max_result_chars=self._max_output_chars)
 
         while True:
             if block is None:
@@ -142,6 +153,7 @@ class TurnLoop:
                     )
                     return _finish("failed", last_prose, ctx, messages, snapshot, error=error)
                 ctx.usage.iterations += 1
+                iterations.next({"sabre.iteration": ctx.usage.iterations})
                 llm_event = (
                     events.emit(
                         "llm.started", {"iteration": ctx.usage.iterations, "model": turn.model}, parent=node
@@ -152,15 +164,20 @@ class TurnLoop:
                 on_delta = _delta_sink(events, llm_event)
                 try:
                     response = await _unless_cancelled(
-                        self._llm.complete(
-                            model=turn.model,
-                            instructions=turn.system_prompt,
-                            messages=to_llm_messages(
-                                [(m.role, m.dump_parts()) for m in messages],
-                                after=history,
-                                images=_images(messages) if self._images else None,
+                        tracing.traced(
+                            "llm.call",
+                            {"sabre.model": turn.model},
+                            self._llm.complete(
+                                model=turn.model,
+                                instructions=turn.system_prompt,
+                                messages=to_llm_messages(
+                                    [(m.role, m.dump_parts()) for m in messages],
+                                    after=history,
+                                    images=_images(messages) if self._images else None,
+                                    max_result_chars=self._max_output_chars,
+                                ),
+                                on_delta=on_delta,
                             ),
-                            on_delta=on_delta,
                         ),
                         turn.cancel,
                     )
@@ -202,21 +219,25 @@ class TurnLoop:
             )
             try:
                 outcome = await _unless_cancelled(
-                    self._pool.run_block(
-                        code=block.code,
-                        snapshot=snapshot,
-                        workdir=turn.workdir,
-                        limits=turn.limits,
-                        internal_helpers=[
-                            *PARENT_HELPERS,
-                            *(t.name for t in turn.tools.get_internal_tools()),
-                        ],
-                        external_tools={t.name: t.param_names for t in turn.tools.get_external_tools()},
-                        journal=block.journal,
-                        on_call=functools.partial(
-                            self._on_call, ctx, turn.tools, events=events, parent=block_event
+                    tracing.traced(
+                        "block",
+                        {"sabre.resumed": bool(block.journal)},
+                        self._pool.run_block(
+                            code=block.code,
+                            snapshot=snapshot,
+                            workdir=turn.workdir,
+                            limits=turn.limits,
+                            internal_helpers=[
+                                *PARENT_HELPERS,
+                                *(t.name for t in turn.tools.get_internal_tools()),
+                            ],
+                            external_tools={t.name: t.param_names for t in turn.tools.get_external_tools()},
+                            journal=block.journal,
+                            on_call=functools.partial(
+                                self._on_call, ctx, turn.tools, events=events, parent=block_event
+                            ),
+                            sandbox_tools=turn.tools.get_sandbox_tools(),
                         ),
-                        sandbox_tools=turn.tools.get_sandbox_tools(),
                     ),
                     turn.cancel,
                 )
@@ -229,22 +250,23 @@ class TurnLoop:
                 if events is not None:
                     events.emit("block.completed", {"status": "cancelled", "text": text}, parent=block_event)
                 return _finish("cancelled", last_prose, ctx, messages, snapshot)
-            BLOCKS.labels(status=outcome.status).inc()
+            BLOCKS.labels(outcome=outcome.status).inc()
             BLOCK_SECONDS.observe(outcome.duration_ms / 1000)
             if outcome.status == "suspended" and outcome.pending is not None:
-                pending = PendingCall(
-                    id=new_id("call"), call=outcome.pending, expires_at=utcnow() + turn.tool_call_ttl
-                )
+                # One pause carries every call the block waits on (a ``parallel(...)`` batch).
+                expires_at = utcnow() + turn.tool_call_ttl
+                pending = [
+                    PendingCall(id=new_id("call"), call=call, expires_at=expires_at)
+                    for call in outcome.all_pending
+                ]
                 messages.append(
                     TranscriptMessage(
                         role="assistant",
                         parts=[
                             ToolCallPart(
-                                id=pending.id,
-                                name=pending.call.name,
-                                arguments=pending.call.arguments,
-                                code=pending.call.code,
+                                id=p.id, name=p.call.name, arguments=p.call.arguments, code=p.call.code
                             )
+                            for p in pending
                         ],
                     )
                 )
@@ -253,17 +275,14 @@ class TurnLoop:
                         "tool_calls.pending",
                         {
                             "tool_calls": [
-                                {
-                                    "id": pending.id,
-                                    "name": pending.call.name,
-                                    "arguments": pending.call.arguments,
-                                }
+                                {"id": p.id, "name": p.call.name, "arguments": p.call.arguments}
+                                for p in pending
                             ]
                         },
                         parent=block_event,
                     )
                 paused = PausedBlock(
-                    code=block.code, journal=outcome.journal, pending=[pending], note=block.note
+                    code=block.code, journal=outcome.journal, pending=pending, note=block.note
                 )
                 # The snapshot stays the one from before the block: the resume replays it from there.
                 result = _finish("awaiting_tool_results", None, ctx, messages, snapshot)
@@ -343,12 +362,16 @@ class TurnLoop:
     ) -> CallReply:
         """Answer a call the sandboxed code made (recording ``helper.started``/``completed`` around
         the parent-side ones; an external call is recorded as ``tool_calls.pending`` by the loop)."""
-        if call.kind == "external" or events is None:
+        if call.kind == "external":
             return await self._answer(ctx, tools, call)
+        if events is None:
+            return await tracing.traced("helper", {"sabre.helper": call.name}, self._answer(ctx, tools, call))
         started = events.emit("helper.started", {"name": call.name, "line": call.line}, parent=parent)
         ctx.current_event = started
         try:
-            reply = await self._answer(ctx, tools, call)
+            reply = await tracing.traced(
+                "helper", {"sabre.helper": call.name}, self._answer(ctx, tools, call)
+            )
         finally:
             ctx.current_event = None
         data: dict[str, Any] = {"name": call.name, "status": "error" if reply.kind == "error" else "ok"}

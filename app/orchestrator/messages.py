@@ -4,19 +4,25 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 Role = Literal["user", "assistant"]
 
 
-class TextPart(BaseModel):
+class _Part(BaseModel):
+    # `kind` has a default but is always sent: required in the response schema, so generated
+    # clients get a discriminated union.
+    model_config = ConfigDict(json_schema_serialization_defaults_required=True)
+
+
+class TextPart(_Part):
     """Plain text: the user's input or the model's prose around a block."""
 
     kind: Literal["text"] = "text"
     text: str
 
 
-class HelpersPart(BaseModel):
+class HelpersPart(_Part):
     """A ``<helpers>`` block the model wrote."""
 
     kind: Literal["helpers"] = "helpers"
@@ -24,7 +30,7 @@ class HelpersPart(BaseModel):
     closed: bool = True
 
 
-class HelpersResultPart(BaseModel):
+class HelpersResultPart(_Part):
     """What running a block produced, exactly as the model was shown it."""
 
     kind: Literal["helpers_result"] = "helpers_result"
@@ -34,7 +40,16 @@ class HelpersResultPart(BaseModel):
     files: list[str] = Field(default_factory=list, description="Ids of the figures the block produced.")
 
 
-class ToolCallPart(BaseModel):
+# Set on the tool calls and results of a history a conversation was created with: the model sees
+# them as a block and its result (the ones the code made reach it through the block itself).
+_SEEDED = Field(
+    default=False,
+    exclude_if=lambda seeded: not seeded,
+    description="From the history the conversation was created with (`messages`), not made by a block.",
+)
+
+
+class ToolCallPart(_Part):
     """An external tool call the code made; the turn paused on it."""
 
     kind: Literal["tool_call"] = "tool_call"
@@ -42,15 +57,17 @@ class ToolCallPart(BaseModel):
     name: str
     arguments: dict[str, Any]
     code: str | None = None
+    seeded: bool = _SEEDED
 
 
-class ToolResultPart(BaseModel):
+class ToolResultPart(_Part):
     """The caller's answer to an external tool call."""
 
     kind: Literal["tool_result"] = "tool_result"
     tool_call_id: str
     output: Any = None
     error: str | None = None
+    seeded: bool = _SEEDED
 
 
 Part = Annotated[

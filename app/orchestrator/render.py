@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -48,13 +49,16 @@ def to_llm_messages(
     *,
     after: Sequence[LLMMessage] = (),
     images: Mapping[int, Sequence[str]] | None = None,
+    max_result_chars: int | None = None,
 ) -> list[LLMMessage]:
     """The transcript as the model sees it: blocks re-wrapped in their tags, results in theirs.
 
     ``after`` is an already rendered prefix (the history) that the new messages continue;
-    ``images`` maps a message's index in ``transcript`` to image URLs to attach to it.
+    ``images`` maps a message's index in ``transcript`` to image URLs to attach to it;
+    ``max_result_chars`` caps the results of a seeded history's calls as a block's output is capped.
     """
     rendered = list(after)
+    seeded_calls: dict[str, str] = {}  # id -> code of the history's tool calls
     for index, (role, parts) in enumerate(transcript):
         attached = list(images.get(index, ())) if images and role == "user" else []
         chunks: list[str] = []
@@ -66,7 +70,20 @@ def to_llm_messages(
                 chunks.append(f"<helpers>\n{part['code']}\n</helpers>")
             elif kind == "helpers_result":
                 chunks.append(f"<helpers_result>\n{part['text']}\n</helpers_result>")
-            # tool_call and tool_result parts reach the model through the block's result instead.
+            # The code's own tool_call and tool_result parts reach the model through the block's
+            # result; a seeded history's are shown as a block of calls and their results.
+        seeded = [part for part in parts if part.get("seeded")]
+        if seeded and role == "assistant":
+            for part in seeded:
+                seeded_calls[part["id"]] = part.get("code") or part["name"]
+            chunks.append("<helpers>\n" + "\n".join(seeded_calls[p["id"]] for p in seeded) + "\n</helpers>")
+        elif seeded:
+            body = "\n".join(_seeded_result(p, seeded_calls.get(p["tool_call_id"], "?")) for p in seeded)
+            if max_result_chars is not None and len(body) > max_result_chars:
+                body = (
+                    body[:max_result_chars] + f"\n[... {len(body) - max_result_chars} characters truncated]"
+                )
+            chunks.append(f"<helpers_result>\n{body}\n</helpers_result>")
         if not chunks:
             continue
         content = "".join(chunks) if role == "assistant" else "\n".join(chunks)
@@ -79,3 +96,12 @@ def to_llm_messages(
         else:
             rendered.append(LLMMessage(role=role, content=content, images=attached))
     return rendered
+
+
+def _seeded_result(part: Mapping[str, Any], code: str) -> str:
+    """One result of a seeded history's tool call, as a line of a ``<helpers_result>``."""
+    if part.get("error") is not None:
+        return f"{code} raised ToolError: {part['error']}"
+    output = part.get("output")
+    text = output if isinstance(output, str) else json.dumps(output, ensure_ascii=False)
+    return f"{code} returned: {text}"

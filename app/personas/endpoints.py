@@ -8,21 +8,15 @@ from fastapi import APIRouter, Path, Request
 from fastapi.concurrency import run_in_threadpool
 
 from app.auth.dependencies import Tenant
-from app.kit.errors import NotFound, Problem
+from app.kit.errors import NotFound
 from app.kit.json_body import StrictJSONRoute
+from app.kit.openapi import problem_responses
 from app.personas import schemas, service
 from app.personas.models import Persona
 
 PersonaName = Annotated[str, Path(max_length=64, description="A persona name, e.g. `coder`.")]
 
-ERRORS = {code: {"model": Problem, "content": {"application/problem+json": {}}} for code in (401, 404, 422)}
-
-router = APIRouter(
-    prefix="/v1/personas",
-    tags=["personas"],
-    responses=ERRORS,  # type: ignore[arg-type]
-    route_class=StrictJSONRoute,
-)
+router = APIRouter(prefix="/v1/personas", tags=["personas"], route_class=StrictJSONRoute)
 
 
 def _personas(request: Request) -> dict[str, Persona]:
@@ -37,7 +31,7 @@ async def list_personas(request: Request, tenant: Tenant) -> schemas.PersonaList
     return await run_in_threadpool(service.list_personas, _personas(request))
 
 
-@router.get("/{name}", response_model=schemas.PersonaDetail)
+@router.get("/{name}", response_model=schemas.PersonaDetail, responses=problem_responses(404))
 async def get_persona(name: PersonaName, request: Request, tenant: Tenant) -> schemas.PersonaDetail:
     """One persona in full: identity, examples, featured helpers, custom tools with their schemas."""
     personas = _personas(request)

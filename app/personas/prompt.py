@@ -123,7 +123,8 @@ _HEADS: IdentityCache[_Head] = IdentityCache()
 _TOOLS_INTRO = (
     "These functions are in your namespace: call them from `<helpers>` blocks with keyword "
     "arguments and use their return values like any Python value. Some run in the caller's "
-    "systems: the block then waits for their result, which your code does not notice."
+    "systems: the block then waits for their result, which your code does not notice; make "
+    "independent calls together with `parallel(...)` so that they cost one wait."
 )
 
 

@@ -61,6 +61,7 @@ import functools
 import hashlib
 import os
 import pwd
+import select
 import shutil
 import signal
 import subprocess
@@ -547,11 +548,12 @@ def backend() -> Backend | None:
     return _State.backend
 
 
-def kill_tree(root: int) -> None:
+def kill_tree(root: int, *, wait_seconds: float = 0.0) -> None:
     """SIGKILL every descendant of ``root`` (not ``root`` itself): stopped first, walk after walk,
     until no new one appears, so none can fork away while the tree is taken down. For a process
     worker the server gives up on: the daemons its blocks left are re-parented to it (their
-    subreaper) and would otherwise pass to init when it dies."""
+    subreaper) and would otherwise pass to init when it dies. ``wait_seconds``: also wait (at
+    most that long) until each has exited, so its parent finds it ready to reap."""
     stopped: list[int] = []
     seen: set[int] = set()
     for _ in range(1000):
@@ -563,9 +565,31 @@ def kill_tree(root: int) -> None:
             stopped.append(pid)
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGSTOP)
+    exits: list[int] = []
     for pid in stopped:
+        with contextlib.suppress(OSError):
+            exits.append(os.pidfd_open(pid))  # before the kill: the pid cannot be reused under it
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
+    _await_exits(exits, timeout=wait_seconds)
+
+
+def _await_exits(pidfds: list[int], *, timeout: float) -> None:
+    """Wait until each process behind ``pidfds`` has exited (a pidfd reads ready then: a
+    zombie or gone), for at most ``timeout`` seconds in all; close the descriptors."""
+    try:
+        poller = select.poll()
+        for fd in pidfds:
+            poller.register(fd, select.POLLIN)
+        deadline = time.monotonic() + timeout
+        waiting = len(pidfds)
+        while waiting and (left := deadline - time.monotonic()) > 0:
+            for fd, _ in poller.poll(left * 1000):
+                poller.unregister(fd)
+                waiting -= 1
+    finally:
+        for fd in pidfds:
+            os.close(fd)
 
 
 def _descendants(root: int) -> list[int]:

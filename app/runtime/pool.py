@@ -1,5 +1,10 @@
 """RuntimePool: runs blocks in pre-forked sandbox children of long-lived warm workers.
 
+The pool owns the workers' lifecycle (start, rearm, retire, replace), the backend choice and its
+probe, and which process serves a block (a fresh child, or the conversation's bound one:
+``app.runtime.bound``); one block's frames are ``app.runtime.exchange``'s, the server's handle on
+a worker process is ``app.runtime.worker_process``, the frames it accepts ``app.runtime.frames``.
+
 The request path never spawns or forks: each worker has an idle child already waiting for its
 block, so starting a block is one pipe write. After a block the worker forks the next child in
 the background. A worker whose child ended abnormally (killed, sent garbage, timed out) is
@@ -23,240 +28,49 @@ import keyword
 import logging
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Final, Literal
+from typing import Any, Final, Literal
 
 import structlog
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from app.runtime import isolation
+from app.runtime.bound import Bound
+from app.runtime.exchange import (
+    REARM_TIMEOUT_SECONDS,
+    BlockRequest,
+    Exchange,
+    OnCall,
+)
+from app.runtime.frames import BlockFailed, ExitFrame, LiveGone
 from app.runtime.isolation import Backend, Identity, SandboxMode
 from app.runtime.protocol import (
-    JOURNALED_SANDBOX_HELPERS,
-    MAX_CALLS,
-    MAX_FIGURE_BYTES,
-    MAX_FIGURES,
-    MAX_HEADER_BYTES,
-    MAX_JOURNAL_BYTES,
-    MAX_RECORDS,
-    PNG_SIGNATURE,
-    PREFIX,
-    PROTOCOL_VERSION,
+    LIVE_MAX_BLOCKS,
     SANDBOX_GROUPS,
     SANDBOX_HELPERS,
     FrameError,
-    decode_header,
-    decode_prefix,
     encode_frame,
-    limit_label,
 )
-from app.runtime.schemas import BlockOutcome, CallReply, HelperCall, JournalEntry, Limits, SandboxTool
+from app.runtime.schemas import BlockOutcome, JournalEntry, Limits, SandboxTool
+from app.runtime.worker_process import WorkerProcess, worker_env
 
 logger = logging.getLogger(__name__)
 log = structlog.get_logger(__name__)
 
 _PROJECT_ROOT: Final = Path(__file__).resolve().parents[2]
 # Names the runtime puts in every namespace; helpers and tools may not take them.
-RESERVED_NAMES: Final = frozenset({"result", "ToolError", "print"})
-# A child gets this long past its wall clock to stop itself (keeping its output) before the
-# parent kills it.
-_KILL_GRACE_SECONDS: Final = 0.5
+RESERVED_NAMES: Final = frozenset({"result", "parallel", "ToolError", "print"})
 _START_TIMEOUT_SECONDS: Final = 120.0  # a cold first import of numpy+pandas+matplotlib is slow
-_REARM_TIMEOUT_SECONDS: Final = 30.0
 _CLOSE_TIMEOUT_SECONDS: Final = 10.0
 _MAX_RESPAWN_DELAY: Final = 30.0
 _PROBE_TIMEOUT_SECONDS: Final = 60.0
-# Whether bubblewrap works here, by (bwrap, workspaces, euid): None when it does, else why not.
 # Probe results per (bwrap, filesystem of the workspaces, user): what decides whether bubblewrap's
 # set-up works, so a process that starts many pools (tests, several apps) probes once per place.
 _probe_cache: dict[tuple[str, int, int], str | None] = {}
-
-OnCall = Callable[[HelperCall], Awaitable[CallReply]]
-
-
-def worker_env() -> dict[str, str]:
-    """The whole environment of a worker and its children: built from scratch, no secrets.
-
-    HOME is set per block (to its workdir); PYTHONHASHSEED is fixed so that set iteration
-    order, and with it the order of calls, is the same when a block is replayed.
-    """
-    return {
-        "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
-        "LANG": "C.UTF-8",
-        "PYTHONHASHSEED": "0",
-        "MPLBACKEND": "Agg",
-    }
-
-
-# -- frames the parent accepts from a worker (validated: the child is hostile) --------------
-
-
-class _Frame(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class _ReadyFrame(_Frame):
-    t: Literal["ready"]
-    pid: int = Field(gt=1)
-
-
-class _ExitFrame(_Frame):
-    """Written by the worker (never the child) once the child is dead and reaped."""
-
-    t: Literal["exit"]
-    pid: int
-    code: int | None
-    signal: int | None
-    cpu_seconds: float
-    # What the child sent that the protocol does not allow (the worker killed it for that).
-    violation: str | None = None
-    # A quota the worker measured the block past (and killed it for).
-    limit: Literal["disk", "disk_files"] | None = None
-
-
-class _CallFrame(_Frame):
-    t: Literal["call"]
-    digest: str = Field(pattern=r"^[0-9a-f]{64}$")
-    call: HelperCall
-
-
-class _RecordFrame(_Frame):
-    """A sandbox-side helper ran in the child: one journal entry, value or error."""
-
-    t: Literal["record"]
-    name: str
-    digest: str = Field(pattern=r"^[0-9a-f]{64}$")
-    value: Any = None
-    error_type: str | None = None
-    error_message: str | None = None
-
-
-class _DoneFrame(_Frame):
-    t: Literal["done"]
-    status: Literal["ok", "error", "limit", "suspended"]
-    stdout: str
-    results: list[str]
-    error: str | None
-    limit: str | None
-    dropped: list[str]
-    replayed: int = Field(ge=0)
-    # Sizes of the PNGs that follow the snapshot in the blob.
-    figures: list[Annotated[int, Field(gt=0, le=MAX_FIGURE_BYTES)]] = Field(
-        default_factory=list, max_length=MAX_FIGURES
-    )
-
-
-class _BlockFailed(Exception):
-    """The block ended without reporting (killed, timed out, garbage): the worker is recycled
-    and the outcome built from this."""
-
-    def __init__(self, status: Literal["error", "limit"], message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-# -- one worker -----------------------------------------------------------------------------
-
-
-class _Worker:
-    """A worker process and the pid of its idle child."""
-
-    def __init__(self, proc: asyncio.subprocess.Process, *, namespaced: bool = False) -> None:
-        self.proc = proc
-        # bwrap: the worker reports pids of its own PID namespace, meaningless (and dangerous
-        # to signal) here; killing bubblewrap takes the whole namespace down instead.
-        self.namespaced = namespaced
-        self.child_pid: int | None = None
-        self.dead = False
-        self.last_header_bytes = 0  # of the last frame read (the journal's size is capped)
-        assert proc.stdin is not None
-        assert proc.stdout is not None
-        self._stdin = proc.stdin
-        self._stdout = proc.stdout
-
-    async def read(
-        self, *, max_blob: int, max_header: int = MAX_HEADER_BYTES
-    ) -> tuple[dict[str, Any], bytes]:
-        """Read one frame; FrameError if it is malformed or too large."""
-        try:
-            prefix = await self._stdout.readexactly(PREFIX.size)
-            header_len, blob_len = decode_prefix(prefix, max_header=max_header, max_blob=max_blob)
-            data = await self._stdout.readexactly(header_len + blob_len)
-        except asyncio.IncompleteReadError:
-            raise FrameError("the sandbox worker closed its pipe (it died)") from None
-        self.last_header_bytes = header_len
-        return decode_header(data[:header_len]), data[header_len:]
-
-    async def send(self, data: bytes) -> None:
-        """Write one frame; FrameError if the worker is gone."""
-        try:
-            self._stdin.write(data)
-            await self._stdin.drain()
-        except (ConnectionError, RuntimeError) as exc:  # RuntimeError: the transport is closed
-            raise FrameError(f"the sandbox worker closed its pipe (it died): {exc}") from None
-
-    def kill(self) -> None:
-        """SIGKILL the child's process group (the code and what it started) and the worker.
-
-        Its stdin is closed first: a sandbox that outlives the kill reads EOF and exits, so it
-        cannot hold the stdout pipe open (asyncio's ``wait()`` waits for the pipes to close).
-        """
-        self.dead = True
-        with contextlib.suppress(Exception):
-            self._stdin.close()
-        if self.proc.returncode is not None:
-            return  # reaped already: its pid (and the child's, gone with it) may be reused
-        # bwrap: bubblewrap's own child is the namespace's init; killing it ends every process
-        # of the namespace. Its parent-death signal alone is not enough: bubblewrap killed
-        # just after it started can die before the child arms it (seen: 1 start in 40).
-        targets = isolation.children(self.proc.pid) if self.namespaced else []
-        if not self.namespaced:
-            # process: what the blocks left running (the worker is their subreaper) goes first.
-            isolation.kill_tree(self.proc.pid)
-        for pgid in (None if self.namespaced else self.child_pid, self.proc.pid):
-            if pgid:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pgid, signal.SIGKILL)
-        for pid in targets:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-
-    async def await_ready(self) -> None:
-        header, _ = await self.read(max_blob=0)
-        self.child_pid = _ReadyFrame.model_validate(header).pid
-
-
-def _exit_failure(frame: _ExitFrame, limits: Limits) -> _BlockFailed:
-    """Map how a child died (before reporting) to the block's limit or error."""
-    if frame.violation is not None:
-        return _BlockFailed(
-            "error", f"SandboxError: the block broke the sandbox protocol ({frame.violation})"
-        )
-    if frame.limit is not None:
-        return _BlockFailed("limit", limit_label(frame.limit, limits.model_dump()))
-    if frame.signal == signal.SIGXCPU or (
-        frame.signal == signal.SIGKILL and frame.cpu_seconds >= limits.cpu_seconds
-    ):
-        # SIGKILL past the CPU limit is RLIMIT_CPU's hard limit (the code ignored SIGXCPU).
-        return _BlockFailed("limit", limit_label("cpu_time", limits.model_dump()))
-    if frame.signal == signal.SIGXFSZ:
-        return _BlockFailed("limit", limit_label("file_size", limits.model_dump()))
-    if frame.signal is not None:
-        name = signal.Signals(frame.signal).name if frame.signal in signal.valid_signals() else ""
-        hint = " (possibly out of memory)" if frame.signal == signal.SIGKILL else ""
-        return _BlockFailed(
-            "error", f"SandboxError: the block's process was killed by {name or frame.signal}{hint}"
-        )
-    return _BlockFailed(
-        "error", f"SandboxError: the block's process exited with code {frame.code} before it finished"
-    )
 
 
 class RuntimePool:
@@ -271,11 +85,15 @@ class RuntimePool:
     bwrap needs it (it is the only writable place a worker sees), and when it is given every
     block's ``workdir`` must lie inside it.
 
-    ``park_seconds`` (0: off): a block that pauses on an external call keeps its process for
-    this long, blocked on the call, while another worker stays free for other blocks (at most
-    ``size - 1`` are parked). A resume of that block on this pool then answers the call in the
-    live process instead of replaying the block in a new one; otherwise (another replica, too
-    late, the pool needs the worker) the process stops as suspended and the resume replays.
+    ``live_seconds`` (0: off): the process that ran a conversation's block stays bound to that
+    conversation (its working directory) for this long: a block that paused on an external call
+    waits in it, blocked on the call (*parked*), and a block that ended leaves it *live*, its
+    namespace in memory. The conversation's next block (or the resume) then runs in it, without a
+    fork, a namespace restore or a replay, if its snapshot is the one that process left (another
+    replica may have run a block in between); otherwise, or too late, or when the pool needs the
+    worker, the process stops and the block runs in a fresh fork from the stored snapshot exactly
+    as without it. A process never serves two conversations. At most ``size - 1`` processes are
+    bound, so a worker stays free for other blocks; the least recently used one gives way.
     """
 
     def __init__(
@@ -285,7 +103,7 @@ class RuntimePool:
         preload: Sequence[str] = ("numpy", "pandas", "matplotlib"),
         sandbox: SandboxMode = "auto",
         workspaces: Path | None = None,
-        park_seconds: float = 0.0,
+        live_seconds: float = 0.0,
         fallback: bool = True,
         bwrap: str | None = None,
     ) -> None:
@@ -310,15 +128,15 @@ class RuntimePool:
         self._identity: Identity | None = isolation.sandbox_identity()
         self._bwrap: str | None = None
         self._userns_fd: int | None = None
-        self._idle: asyncio.Queue[_Worker] = asyncio.Queue()
-        self._workers: set[_Worker] = set()
+        self._idle: asyncio.Queue[WorkerProcess] = asyncio.Queue()
+        self._workers: set[WorkerProcess] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         self._spawn_error: str | None = None  # why the last replacement failed to start
-        # Blocks paused on an external call whose process waits, alive, for a resume here; by
-        # working directory (one per conversation), oldest first.
-        self._park_seconds = park_seconds
-        self._parked: dict[Path, _Parked] = {}
+        # Processes bound to a conversation (parked or live), by working directory (one per
+        # conversation), least recently used first.
+        self._live_seconds = live_seconds
+        self._bound: dict[Path, Bound] = {}
         self._rearming = 0  # workers forking their next child: free in a few milliseconds
 
     @property
@@ -329,7 +147,12 @@ class RuntimePool:
     @property
     def parked_blocks(self) -> int:
         """Paused blocks whose process waits for a resume here."""
-        return len(self._parked)
+        return sum(1 for bound in self._bound.values() if bound.exchange is not None)
+
+    @property
+    def live_processes(self) -> int:
+        """Processes bound to a conversation between its blocks."""
+        return sum(1 for bound in self._bound.values() if bound.exchange is None)
 
     @property
     def sandbox(self) -> Backend:
@@ -363,13 +186,13 @@ class RuntimePool:
             await self.aclose()
             raise RuntimeError(f"sandbox worker failed to start: {failures[0]}") from failures[0]
         for worker in results:
-            assert isinstance(worker, _Worker)
+            assert isinstance(worker, WorkerProcess)
             self._idle.put_nowait(worker)
 
     async def aclose(self) -> None:
         """Kill every worker (and child); blocks still running end with an error."""
         self._closed = True
-        self._parked.clear()  # their workers are killed with the rest
+        self._bound.clear()  # their workers are killed with the rest
         for task in list(self._tasks):
             task.cancel()
         workers = list(self._workers)
@@ -521,7 +344,7 @@ class RuntimePool:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    async def _spawn(self) -> _Worker:
+    async def _spawn(self) -> WorkerProcess:
         """Start one worker process and wait for its first idle child."""
         backend = self.sandbox
         command = [sys.executable, "-m", "app.runtime.worker", "--preload", ",".join(self._preload)]
@@ -551,9 +374,9 @@ class RuntimePool:
             proc = await asyncio.shield(creating)
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):
-                _Worker(await creating, namespaced=backend == "bwrap").kill()
+                WorkerProcess(await creating, namespaced=backend == "bwrap").kill()
             raise
-        worker = _Worker(proc, namespaced=backend == "bwrap")
+        worker = WorkerProcess(proc, namespaced=backend == "bwrap")
         self._workers.add(worker)
         self._background(self._watch(worker))
         try:
@@ -565,12 +388,12 @@ class RuntimePool:
             raise
         return worker
 
-    async def _watch(self, worker: _Worker) -> None:
+    async def _watch(self, worker: WorkerProcess) -> None:
         """When a worker exits on its own (crash, OOM killer), retire and replace it."""
         await worker.proc.wait()
         self._retire(worker)
 
-    def _retire(self, worker: _Worker) -> None:
+    def _retire(self, worker: WorkerProcess) -> None:
         """Kill a worker that can no longer serve and start its replacement, once.
 
         Called where the pool gives up on the worker, not when its process is finally reaped:
@@ -598,27 +421,28 @@ class RuntimePool:
                 self._idle.put_nowait(worker)
                 return
 
-    def _start_rearm(self, worker: _Worker) -> None:
+    def _start_rearm(self, worker: WorkerProcess) -> None:
         """After a block: the worker gets its next child in the background (counted at once, so
         ``_acquire`` knows a worker is about to be free)."""
         self._rearming += 1
         self._background(self._rearm(worker, worker.child_pid))
 
-    async def _rearm(self, worker: _Worker, child_pid: int | None) -> None:
-        """See the block's child exit cleanly and the next child get ready."""
+    async def _rearm(self, worker: WorkerProcess, child_pid: int | None, *, released: bool = False) -> None:
+        """See the block's child exit cleanly and the next child get ready. ``released``: a
+        live child told to stop, whose way of ending does not matter (it may have died)."""
         try:
-            await self._rearm_once(worker, child_pid)
+            await self._rearm_once(worker, child_pid, released=released)
         finally:
             self._rearming -= 1
 
-    async def _rearm_once(self, worker: _Worker, child_pid: int | None) -> None:
+    async def _rearm_once(self, worker: WorkerProcess, child_pid: int | None, *, released: bool) -> None:
         try:
-            async with asyncio.timeout(_REARM_TIMEOUT_SECONDS):
+            async with asyncio.timeout(REARM_TIMEOUT_SECONDS):
                 header, _ = await worker.read(max_blob=0)
-                ended = _ExitFrame.model_validate(header)
+                ended = ExitFrame.model_validate(header)
                 if ended.violation is not None:
                     log.warning("sandbox_protocol_violation", violation=ended.violation, after="done")
-                if ended.pid != child_pid or ended.code != 0:
+                if ended.pid != child_pid or (ended.code != 0 and not released):
                     raise FrameError(f"the block's process ended oddly: {header}")
                 await worker.await_ready()
         except (FrameError, ValidationError, TimeoutError) as exc:
@@ -653,51 +477,69 @@ class RuntimePool:
         """
         if self._closed:
             raise RuntimeError("the runtime pool is closed")
-        local = [tool.name for tool in sandbox_tools]
-        _check_names([*internal_helpers, *local], external_tools)
+        _check_names([*internal_helpers, *(tool.name for tool in sandbox_tools)], external_tools)
         if not workdir.is_absolute():
             raise ValueError(f"workdir must be an absolute path, not {workdir}")
         workdir = self._block_workdir(workdir)
+        names: dict[str, Literal["internal", "external"]] = {
+            **dict.fromkeys(internal_helpers, "internal"),
+            **dict.fromkeys(external_tools, "external"),
+        }
+        state = snapshot or b""
+        block = BlockRequest(
+            code=code,
+            workdir=workdir,
+            limits=limits,
+            internal_helpers=internal_helpers,
+            external_tools=external_tools,
+            journal=journal,
+            sandbox_tools=sandbox_tools,
+        )
         started = time.perf_counter()
-        parked = self._take_parked(workdir, code=code, limits=limits, journal=journal)
-        if parked is not None:
-            worker, exchange = parked.worker, parked.exchange
-            running = exchange.resume(journal[-1], on_call=on_call)
-        else:
-            request = encode_frame(
-                {
-                    "t": "run",
-                    "v": PROTOCOL_VERSION,
-                    "code": code,
-                    "workdir": str(workdir),
-                    "limits": dict(limits),  # flat model: same as model_dump(), a tenth of the cost
-                    "helpers": list(internal_helpers),
-                    "tools": {name: list(params) for name, params in external_tools.items()},
-                    "journal": [_wire_entry(e) for e in journal],
-                    "local_tools": [
-                        [t.name, list(t.params), t.file, t.function, t.source] for t in sandbox_tools
-                    ],
-                },
-                snapshot or b"",
-            )
-            worker = await self._acquire()
+        bound = self._take_bound(workdir)
+        exchange: Exchange | None = None
+        if bound is not None and bound.exchange is not None:
+            if bound.resumed_by(code=code, limits=limits, journal=journal):
+                worker, exchange, blocks = bound.worker, bound.exchange, bound.blocks
+                running = exchange.resume(journal[-1], on_call=on_call)
+            else:
+                self._background(self._release(bound))
+        elif bound is not None:
+            if (
+                bound.limits == limits
+                and (bound.state is state or bound.state == state)
+                and bound.blocks < LIVE_MAX_BLOCKS
+            ):
+                worker, blocks = bound.worker, bound.blocks + 1
+                exchange = self._exchange(
+                    worker, limits=limits, names=names, journal=journal, on_call=on_call, local=sandbox_tools
+                )
+                keep = self._keeps(blocks)
+                running = exchange.run(
+                    block.encode(keep=keep, live_pid=worker.child_pid), keep=keep, live_run=True
+                )
+            else:
+                self._background(self._release(bound))
+        if exchange is None:
+            worker, blocks = await self._acquire(), 1
             started = time.perf_counter()
-            exchange = _Exchange(
-                worker=worker,
-                limits=limits,
-                names={
-                    **dict.fromkeys(internal_helpers, "internal"),
-                    **dict.fromkeys(external_tools, "external"),
-                },
-                journal=journal,
-                on_call=on_call,
-                local=frozenset(local),
-                may_park=self._may_park,
+            exchange = self._exchange(
+                worker, limits=limits, names=names, journal=journal, on_call=on_call, local=sandbox_tools
             )
-            running = exchange.run(request)
+            keep = self._keeps(blocks)
+            running = exchange.run(block.encode(keep=keep, snapshot=state), keep=keep)
         try:
-            outcome = await running
-        except _BlockFailed as failed:
+            try:
+                outcome = await running
+            except LiveGone:
+                # The live process died between blocks: its worker has a fresh child now.
+                blocks = 1
+                exchange = self._exchange(
+                    worker, limits=limits, names=names, journal=journal, on_call=on_call, local=sandbox_tools
+                )
+                keep = self._keeps(blocks)
+                outcome = await exchange.run(block.encode(keep=keep, snapshot=state), keep=keep)
+        except BlockFailed as failed:
             self._retire(worker)
             return BlockOutcome(
                 status=failed.status,
@@ -715,7 +557,9 @@ class RuntimePool:
             self._retire(worker)
             raise
         if outcome is None:  # parked: suspended, with its process kept
-            self._park(workdir, _Parked(worker=worker, exchange=exchange, code=code, limits=limits))
+            self._bind(
+                workdir, Bound(worker=worker, limits=limits, blocks=blocks, exchange=exchange, code=code)
+            )
             return BlockOutcome.model_construct(
                 status="suspended",
                 stdout="",
@@ -726,67 +570,91 @@ class RuntimePool:
                 dropped=[],
                 journal=exchange.journal,
                 pending=exchange.parked_call,
+                more_pending=[],
                 duration_ms=(time.perf_counter() - started) * 1e3,
                 figures=[],
             )
         outcome.duration_ms = (time.perf_counter() - started) * 1e3
-        self._start_rearm(worker)
+        if exchange.live:
+            kept = outcome.snapshot if outcome.snapshot is not None else state
+            self._bind(workdir, Bound(worker=worker, limits=limits, blocks=blocks, state=kept))
+        else:
+            self._start_rearm(worker)
         return outcome
 
-    # Parked blocks -------------------------------------------------------------------------
+    def _exchange(
+        self,
+        worker: WorkerProcess,
+        *,
+        limits: Limits,
+        names: Mapping[str, Literal["internal", "external"]],
+        journal: Sequence[JournalEntry],
+        on_call: OnCall,
+        local: Sequence[SandboxTool],
+    ) -> Exchange:
+        return Exchange(
+            worker=worker,
+            limits=limits,
+            names=names,
+            journal=journal,
+            on_call=on_call,
+            local=frozenset(tool.name for tool in local),
+            may_park=self._may_bind,
+        )
 
-    def _may_park(self) -> bool:
-        """Whether a block that just paused may keep its process: parking is on, and a worker
-        is left for other blocks."""
-        return self._park_seconds > 0 and not self._closed and len(self._parked) < self._size - 1
+    # Processes bound to a conversation -----------------------------------------------------
 
-    def _park(self, workdir: Path, parked: _Parked) -> None:
-        earlier = self._parked.pop(workdir, None)
-        if earlier is not None:  # the conversation paused again elsewhere in between
+    def _keeps(self, blocks: int) -> bool:
+        """Whether the process of a block (its ``blocks``-th) is asked to stay live after it."""
+        return self._may_bind() and blocks < LIVE_MAX_BLOCKS
+
+    def _may_bind(self) -> bool:
+        """Whether a process may stay bound to its conversation after a block (or its pause)."""
+        return self._live_seconds > 0 and not self._closed and self._size > 1
+
+    def _bind(self, workdir: Path, bound: Bound) -> None:
+        """Keep ``bound`` for ``workdir``'s next block; the least recently used gives way when
+        ``size - 1`` are bound already."""
+        earlier = self._bound.pop(workdir, None)
+        if earlier is not None:  # the conversation ran a block elsewhere in between
             self._background(self._release(earlier))
-        parked.timer = self._background(self._expire(workdir, parked))
-        self._parked[workdir] = parked
+        if self._closed:
+            self._background(self._release(bound))
+            return
+        while len(self._bound) >= self._size - 1:
+            oldest = self._bound.pop(next(iter(self._bound)))
+            oldest.cancel_timer()
+            self._background(self._release(oldest))
+        bound.timer = self._background(self._expire(workdir, bound))
+        self._bound[workdir] = bound
 
-    def _take_parked(
-        self, workdir: Path, *, code: str, limits: Limits, journal: Sequence[JournalEntry]
-    ) -> _Parked | None:
-        """The parked process of this block when ``journal`` is its journal plus the answer to
-        its pending call (anything else: the parked process is released, the block replays)."""
-        parked = self._parked.pop(workdir, None)
-        if parked is None:
-            return None
-        parked.cancel_timer()
-        call = parked.exchange.parked_call
-        before = parked.exchange.journal
-        if (
-            call is not None
-            and parked.code == code
-            and parked.limits == limits
-            and len(journal) == len(before) + 1
-            and all(a.name == b.name and a.digest == b.digest for a, b in zip(before, journal, strict=False))
-            and journal[-1].name == call.name
-            and journal[-1].digest == call.digest()
-        ):
-            return parked
-        self._background(self._release(parked))
-        return None
+    def _take_bound(self, workdir: Path) -> Bound | None:
+        bound = self._bound.pop(workdir, None)
+        if bound is not None:
+            bound.cancel_timer()
+        return bound
 
-    async def _expire(self, workdir: Path, parked: _Parked) -> None:
-        await asyncio.sleep(self._park_seconds)
-        if self._parked.get(workdir) is parked:
-            del self._parked[workdir]
-            await self._release(parked)
+    async def _expire(self, workdir: Path, bound: Bound) -> None:
+        await asyncio.sleep(self._live_seconds)
+        if self._bound.get(workdir) is bound:
+            del self._bound[workdir]
+            await self._release(bound)
 
-    async def _release(self, parked: _Parked) -> None:
-        """Let a parked block stop as suspended, then give its worker its next child."""
+    async def _release(self, bound: Bound) -> None:
+        """Let a bound process stop (a parked block as suspended), then give its worker its
+        next child."""
+        worker = bound.worker
         try:
-            await parked.exchange.release()
-        except _BlockFailed as exc:
-            logger.warning("recycling sandbox worker %s (parked block): %s", parked.worker.proc.pid, exc)
-            self._retire(parked.worker)
+            if bound.exchange is not None:
+                await bound.exchange.release()
+            else:
+                await worker.send(encode_frame({"t": "release"}))
+        except (BlockFailed, FrameError) as exc:
+            logger.warning("recycling sandbox worker %s (bound process): %s", worker.proc.pid, exc)
+            self._retire(worker)
             return
         self._rearming += 1
-        await self._rearm(parked.worker, parked.worker.child_pid)
+        await self._rearm(worker, worker.child_pid, released=bound.exchange is None)
 
     def _block_workdir(self, workdir: Path) -> Path:
         """The workdir as the child gets it: resolved, checked to lie inside the workspaces (when
@@ -814,20 +682,19 @@ class RuntimePool:
         the process backend gives each conversation a user of its own."""
         return isolation.conversation_identity(str(workdir), base=self._identity, backend=self.sandbox)
 
-    async def _acquire(self) -> _Worker:
+    async def _acquire(self) -> WorkerProcess:
         """An idle worker, waiting for one if all are busy; dead ones are skipped.
 
         Fails rather than wait forever when the pool is closed, or has no worker left and
         cannot start one.
         """
         while True:
-            if self._idle.empty() and self._parked and not self._rearming:
-                # Every other worker is running a block (none is about to be free): the oldest
-                # parked block gives its worker back (it will replay if resumed).
-                oldest = next(iter(self._parked))
-                parked = self._parked.pop(oldest)
-                parked.cancel_timer()
-                self._background(self._release(parked))
+            if self._idle.empty() and self._bound and not self._rearming:
+                # Every other worker is running a block (none is about to be free): the least
+                # recently used bound process gives its worker back (its conversation replays).
+                oldest = self._bound.pop(next(iter(self._bound)))
+                oldest.cancel_timer()
+                self._background(self._release(oldest))
             if self._idle.empty():
                 if self._closed:
                     raise RuntimeError("the runtime pool is closed")
@@ -853,26 +720,6 @@ async def bwrap_problem(workspaces: Path) -> str | None:
         return await pool._probe()
     finally:
         pool._close_userns()
-
-
-def _wire_entry(entry: JournalEntry) -> list[Any]:
-    """A journal entry as the child reads it: [name, digest, value] or, for an error,
-    [name, digest, null, error_type, error_message] (compact: a resume may carry hundreds)."""
-    if entry.error_type is None and entry.error_message is None:
-        return [entry.name, entry.digest, entry.value]
-    return [entry.name, entry.digest, None, entry.error_type or "Error", entry.error_message or ""]
-
-
-def _encode_reply(reply: CallReply) -> bytes:
-    return encode_frame(
-        {
-            "t": "reply",
-            "kind": reply.kind,
-            "value": reply.value,
-            "error_type": reply.error_type,
-            "error_message": reply.error_message,
-        }
-    )
 
 
 def _check_names(internal: Sequence[str], external: Mapping[str, Sequence[str]]) -> None:
@@ -905,242 +752,3 @@ def _check_names(internal: Sequence[str], external: Mapping[str, Sequence[str]])
         for param in params:
             if not isinstance(param, str) or not param:
                 raise ValueError(f"tool {name!r} has an invalid parameter name {param!r}")
-
-
-@dataclass(slots=True)
-class _Parked:
-    """A block paused on an external call whose process is kept, waiting for the answer."""
-
-    worker: _Worker
-    exchange: _Exchange
-    code: str
-    limits: Limits
-    timer: asyncio.Future[None] | None = None
-
-    def cancel_timer(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-
-
-class _Exchange:
-    """The conversation with one child about one block: calls in, replies out, then done."""
-
-    def __init__(
-        self,
-        *,
-        worker: _Worker,
-        limits: Limits,
-        names: Mapping[str, Literal["internal", "external"]],
-        journal: Sequence[JournalEntry],
-        on_call: OnCall,
-        local: frozenset[str] = frozenset(),
-        may_park: Callable[[], bool] = lambda: False,
-    ) -> None:
-        self._worker = worker
-        self._local = local  # the block's sandbox tools: journaled by record frames
-        self._may_park = may_park
-        self._parked = False
-        self._remaining = limits.wall_clock_seconds + _KILL_GRACE_SECONDS
-        self._limits = limits
-        self._names = names
-        self._replay = journal
-        self._on_call = on_call
-        self._new: list[JournalEntry] = []
-        self._replayed = 0
-        self._pending: HelperCall | None = None
-        self._live = False  # a call reached the parent
-        # What this run received, capped (the worker caps it too: the child is hostile).
-        self._calls = 0
-        self._records = 0
-        self._record_bytes = 0
-
-    @property
-    def journal(self) -> list[JournalEntry]:
-        """Replayed entries, then the calls answered in this run, in call order."""
-        return [*self._replay[: self._replayed], *self._new]
-
-    async def run(self, request: bytes) -> BlockOutcome | None:
-        """Send the block, answer its calls, return its outcome; _BlockFailed if it fails.
-
-        None: the block called an external tool and is parked (``may_park``): its process waits,
-        alive, for the answer; ``resume`` continues it, ``release`` lets it stop as suspended.
-        """
-        await self._send(request)
-        return await self._serve()
-
-    async def resume(self, answer: JournalEntry, *, on_call: OnCall) -> BlockOutcome | None:
-        """Continue a parked block: its pending call answered with ``answer`` (the entry the
-        service journaled for it), later calls going to ``on_call``."""
-        assert self._pending is not None
-        assert self._parked
-        self._on_call = on_call
-        self._parked = False
-        self._pending = None
-        self._new.append(answer)
-        if answer.error_type is None and answer.error_message is None:
-            reply = CallReply(kind="value", value=answer.value)
-        else:
-            reply = CallReply(kind="error", error_type=answer.error_type, error_message=answer.error_message)
-        await self._send(_encode_reply(reply))
-        return await self._serve()
-
-    async def release(self) -> None:
-        """Let a parked block stop as suspended (nobody resumed it here in time)."""
-        assert self._parked
-        self._parked = False
-        await self._send(_encode_reply(CallReply(kind="suspend")))
-        await self._serve()
-
-    async def _send(self, data: bytes) -> None:
-        try:
-            await self._worker.send(data)
-        except FrameError as exc:
-            raise _BlockFailed("error", f"SandboxError: {exc}") from None
-
-    @property
-    def parked_call(self) -> HelperCall | None:
-        """The external call a parked block waits on."""
-        return self._pending if self._parked else None
-
-    async def _serve(self) -> BlockOutcome | None:
-        limits = self._limits
-        # stdout, results and the error are each capped at stdout_bytes in the child (and JSON
-        # may escape a byte into six); a call's arguments may be large on their own.
-        max_header = MAX_HEADER_BYTES + 20 * limits.stdout_bytes
-        loop = asyncio.get_running_loop()
-        try:
-            while True:
-                began = loop.time()
-                try:
-                    async with asyncio.timeout(self._remaining):
-                        header, blob = await self._worker.read(
-                            max_blob=limits.snapshot_bytes + MAX_FIGURES * MAX_FIGURE_BYTES,
-                            max_header=max_header,
-                        )
-                except TimeoutError:
-                    raise _BlockFailed("limit", limit_label("wall_clock", limits.model_dump())) from None
-                self._remaining -= loop.time() - began
-                match header["t"]:
-                    case "call" if self._pending is None:
-                        self._calls += 1
-                        if self._calls > MAX_CALLS:
-                            raise _BlockFailed("error", f"SandboxError: more than {MAX_CALLS} calls")
-                        await self._answer(_CallFrame.model_validate(header))
-                        if self._parked:
-                            return None
-                    case "record" if self._pending is None:
-                        self._records += 1
-                        self._record_bytes += self._worker.last_header_bytes
-                        if self._records > MAX_RECORDS or self._record_bytes > MAX_JOURNAL_BYTES:
-                            raise _BlockFailed("error", "SandboxError: the block's journal is too large")
-                        self._record(_RecordFrame.model_validate(header))
-                    case "done":
-                        return self._done(_DoneFrame.model_validate(header), blob)
-                    case "exit":
-                        ended = _ExitFrame.model_validate(header)
-                        if ended.violation is not None:
-                            log.warning("sandbox_protocol_violation", violation=ended.violation)
-                        raise _exit_failure(ended, limits)
-                    case tag:
-                        raise _BlockFailed("error", f"SandboxError: unexpected {tag!r} frame")
-        except FrameError as exc:
-            raise _BlockFailed("error", f"SandboxError: {exc}") from None
-        except ValidationError as exc:
-            raise _BlockFailed("error", f"SandboxError: malformed frame: {exc.errors()[0]}") from None
-
-    async def _answer(self, frame: _CallFrame) -> None:
-        call = frame.call
-        if self._names.get(call.name) != call.kind:
-            raise _BlockFailed("error", f"SandboxError: call to an unknown {call.kind} {call.name!r}")
-        # Calls reach the parent only once the whole journal has been replayed.
-        self._replayed = len(self._replay)
-        self._live = True
-        reply = await self._on_call(call)
-        try:
-            data = _encode_reply(reply)
-        except (TypeError, ValueError) as exc:
-            # Journal values must be JSON; tell the code rather than fail the whole turn.
-            logger.warning("reply to %s is not JSON: %s", call.name, exc)
-            reply = CallReply(
-                kind="error",
-                error_type="TypeError",
-                error_message=f"{call.name} returned a value that is not JSON: {exc}",
-            )
-            data = _encode_reply(reply)
-        if reply.kind == "suspend":
-            self._pending = call
-            if self._may_park():
-                # The child stays blocked on this call: a resume here answers it directly.
-                self._parked = True
-                return
-        else:
-            self._new.append(
-                JournalEntry(
-                    name=call.name,
-                    digest=frame.digest,
-                    value=reply.value if reply.kind == "value" else None,
-                    error_type=(reply.error_type or "Error") if reply.kind == "error" else None,
-                    error_message=(reply.error_message or "") if reply.kind == "error" else None,
-                )
-            )
-        await self._worker.send(data)
-
-    def _record(self, frame: _RecordFrame) -> None:
-        """Journal a sandbox-side helper the child ran (it reports after the journal replayed)."""
-        if frame.name not in JOURNALED_SANDBOX_HELPERS and frame.name not in self._local:
-            raise _BlockFailed("error", f"SandboxError: a record of an unknown helper {frame.name!r}")
-        self._replayed = len(self._replay)
-        self._live = True
-        failed = frame.error_type is not None or frame.error_message is not None
-        self._new.append(
-            JournalEntry(
-                name=frame.name,
-                digest=frame.digest,
-                value=None if failed else frame.value,
-                error_type=(frame.error_type or "Error") if failed else None,
-                error_message=(frame.error_message or "") if failed else None,
-            )
-        )
-
-    def _figures(self, frame: _DoneFrame, blob: bytes) -> tuple[bytes, list[bytes]]:
-        """Split the blob into the snapshot and the figures; each must be a PNG (checked by its
-        signature only: the parent never decodes what the child sends)."""
-        if not frame.figures:
-            return blob, []
-        end = len(blob) - sum(frame.figures)
-        if end < 0:
-            raise _BlockFailed("error", "SandboxError: the figures do not fit in the frame")
-        figures: list[bytes] = []
-        start = end
-        for size in frame.figures:
-            image = blob[start : start + size]
-            if not image.startswith(PNG_SIGNATURE):
-                raise _BlockFailed("error", "SandboxError: a figure is not a PNG")
-            figures.append(image)
-            start += size
-        return blob[:end], figures
-
-    def _done(self, frame: _DoneFrame, blob: bytes) -> BlockOutcome:
-        if (frame.status == "suspended") != (self._pending is not None):
-            raise _BlockFailed("error", "SandboxError: the block's process ignored a suspend")
-        if frame.replayed > len(self._replay) or (self._live and frame.replayed != len(self._replay)):
-            raise _BlockFailed("error", "SandboxError: inconsistent replay count")
-        self._replayed = frame.replayed
-        blob, figures = self._figures(frame, blob)
-        if len(blob) > self._limits.snapshot_bytes:
-            raise _BlockFailed("error", "SandboxError: the snapshot is larger than its limit")
-        keep_snapshot = frame.status in ("ok", "error") and bool(blob)
-        # Every field is validated already (the frame above, the journal by its model).
-        return BlockOutcome.model_construct(
-            status=frame.status,
-            stdout=frame.stdout,
-            results=frame.results,
-            error=frame.error,
-            limit=frame.limit,
-            snapshot=blob if keep_snapshot else None,
-            dropped=frame.dropped,
-            journal=self.journal,
-            pending=self._pending,
-            duration_ms=0.0,
-            figures=figures if frame.status in ("ok", "error") else [],
-        )

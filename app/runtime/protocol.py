@@ -9,8 +9,12 @@ Frames, by direction (header fields after the tag):
 - parent -> child ``run {v, code, workdir, limits, helpers, tools, journal}``, blob = the
   snapshot to restore; ``journal`` entries are ``[name, digest, value]`` or, for a call that
   raised, ``[name, digest, null, error_type, error_message]``;
-- child -> parent ``call {digest, call}`` (a ``HelperCall``), answered by
+- child -> parent ``call {digest, call, batch?}`` (a ``HelperCall``), answered by
   parent -> child ``reply {kind, value, error_type, error_message}`` (a ``CallReply``);
+  ``batch: [index, size]`` marks the calls of one ``parallel(...)`` (external tools only, sent in
+  order, nothing else in between): an external call of a batch that would pause is answered
+  ``deferred`` and the next one follows; the last one is answered ``suspend`` when any of the
+  batch waits, so one pause carries them all;
 - child -> parent ``record {name, digest, value, error_type, error_message}``, one-way: a
   sandbox-side helper (``FS.write_file``, ``Bash.execute``, ...) ran in the child; the parent appends
   it to the block's journal, in call order with the calls, so a replay returns the recorded value
@@ -36,13 +40,16 @@ import struct
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, Literal
 
-PROTOCOL_VERSION: Final = 2
+PROTOCOL_VERSION: Final = 3
 PREFIX: Final = struct.Struct(">II")
 # A header carries stdout, results, an error or a call's arguments. They are capped in the child
 # (stdout_bytes) except a call's arguments, which may legitimately be large (a prompt with data).
 MAX_HEADER_BYTES: Final = 16 * 1024 * 1024
 # Exit code of a child that read EOF instead of a block: the pool is closing, the worker stops.
 EXIT_EOF: Final = 75
+# A live process (one that stays bound to its conversation after a block: ``keep`` in the run
+# request, ``live`` in its done) runs at most this many blocks, then a fresh fork takes over.
+LIVE_MAX_BLOCKS: Final = 64
 # The filename blocks are compiled with; tracebacks keep only frames from it.
 BLOCK_FILENAME: Final = "<helpers>"
 
@@ -63,6 +70,8 @@ MAX_RECORD_BYTES: Final = 8 * 1024 * 1024
 MAX_RECORDS: Final = 10_000
 MAX_JOURNAL_BYTES: Final = 32 * 1024 * 1024
 MAX_CALLS: Final = 10_000
+# External calls one ``parallel(...)`` may send in one batch (so one pause lists at most this many).
+MAX_PARALLEL_CALLS: Final = 128
 
 # Figures of one block: at most this many, each a PNG of at most this size.
 MAX_FIGURES: Final = 10

@@ -10,6 +10,11 @@ which the worker reads, checks and relays. Everything the child sends is hostile
 - lifecycle frames come from the worker only: the child's death is learnt from the kernel (a
   pidfd, then ``wait4``), never from the child, and ``exit`` is written once it is reaped;
 - after ``done`` nothing more may come: anything on the channel then is a violation;
+- a child the server asked to ``keep`` may stay live after a clean ``done``: it belongs to its
+  conversation, says nothing while live (anything it sends is a violation), and gets only the
+  next block of the same directory or ``release``; what its block left running is killed at the
+  ``done``, as if it had exited, and each block's CPU time is checked by the worker (the hard
+  RLIMIT_CPU of a live process spans several blocks);
 - what the block printed is read by the worker from the output pipe (``app.runtime.output``)
   and put in the ``done`` it relays: the block cannot forge or rewrite it.
 
@@ -64,6 +69,19 @@ _IDLE_MAX_HEADER: Final = 1024
 _TIMEVAL: Final = struct.pack("ll", int(STALL_SECONDS), int(STALL_SECONDS % 1 * 1e6))
 
 
+_CLOCK_TICKS: Final = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_seconds(pid: int) -> float:
+    """CPU time used so far by process ``pid`` (all its threads; 0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rpartition(b")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 class ServerClosed(Exception):
     """The server closed the worker's request pipe: the pool is closing."""
 
@@ -80,7 +98,8 @@ class Ended:
     signal: int | None
     cpu_seconds: float
     violation: str | None = None
-    limit: Literal["disk", "disk_files"] | None = None
+    limit: Literal["disk", "disk_files", "cpu_time"] | None = None
+    live: bool = False  # it died live, between blocks
 
     def frame(self, pid: int) -> dict[str, Any]:
         """The ``exit`` frame the worker writes for it."""
@@ -92,6 +111,7 @@ class Ended:
             "cpu_seconds": self.cpu_seconds,
             "violation": self.violation,
             "limit": self.limit,
+            "live": self.live,
         }
 
 
@@ -113,11 +133,17 @@ class ChildLink:
         self._server_in = server_in
         self._server_out = server_out
         self._output = Output()
-        self._phase: Literal["idle", "running", "done"] = "idle"
+        self._phase: Literal["idle", "running", "done", "live"] = "idle"
+        self._keep = False  # the server asked that the child stay live after this block
+        # A block for this live child came after it died: the server is owed a ``stale``.
+        self.stale_owed = False
+        self._workdir: str | None = None
+        self._cpu_base = 0.0  # the child's CPU time when its current block started
+        self._cpu_budget = 0.0
         self._channel_open = True
         self._dead = False
         self._violation: str | None = None
-        self._limit: Literal["disk", "disk_files"] | None = None
+        self._limit: Literal["disk", "disk_files", "cpu_time"] | None = None
         self._calls = 0
         self._records = 0
         self._record_bytes = 0
@@ -164,8 +190,13 @@ class ChildLink:
             if ready & {self._channel, self._pidfd}:
                 raise Violation("the idle child spoke or died before its block")
             header, blob = self._read_server()
-            if header["t"] == "reply":
-                continue  # the previous child stopped before reading it
+            if header["t"] in ("reply", "release"):
+                continue  # for an earlier child, which stopped before it got there
+            if header["t"] == "run" and header.get("live"):
+                # The next block of a live child that died in between: this child is fresh and
+                # has none of its state. The server learns it and sends the block afresh.
+                self._to_server(encode_frame({"t": "stale"}))
+                continue
             if header["t"] != "run":
                 raise RuntimeError(f"sandbox protocol: the server sent {header['t']!r} to an idle worker")
             self._start(header)
@@ -180,7 +211,14 @@ class ChildLink:
     def _start(self, request: dict[str, Any]) -> None:
         limits = request["limits"]
         self._phase = "running"
-        self._output.set_limit(int(limits["stdout_bytes"]))
+        self._keep = request.get("keep") is True
+        self._workdir = str(request["workdir"])
+        self._calls = self._records = self._record_bytes = 0
+        self._output = Output(int(limits["stdout_bytes"]))
+        self._cpu_base = _cpu_seconds(self.pid)
+        # SIGXCPU comes at the block's limit, RLIMIT_CPU's hard limit a second later; the worker
+        # kills a block of a process that may stay live (whose hard limit spans its blocks) there.
+        self._cpu_budget = float(limits["cpu_seconds"]) + 1
         # The same caps the server applies: stdout, results and the error are each capped in
         # the child (JSON may escape a byte into six); a call's arguments may be large alone.
         self._max_header = MAX_HEADER_BYTES + 20 * int(limits["stdout_bytes"])
@@ -207,7 +245,7 @@ class ChildLink:
         # the loop below (for up to STALL_SECONDS) must not stop it.
         stop = threading.Event()
         watchdog = threading.Thread(target=self._watch_quota, args=(stop,), daemon=True)
-        if self._quota is not None:
+        if self._quota is not None or self._keep:
             watchdog.start()
         try:
             return self._relay(poller, server_fd)
@@ -220,7 +258,10 @@ class ChildLink:
         while not stop.wait(QUOTA_INTERVAL_SECONDS):
             with self._quota_lock:
                 if self._phase == "running" and not self._dead:
-                    self._check_quota()
+                    if self._quota is not None:
+                        self._check_quota()
+                    if self._keep and self._limit is None:
+                        self._check_cpu()
 
     def _relay(self, poller: select.poll, server_fd: int) -> Ended:
         kill_at: float | None = None
@@ -237,7 +278,7 @@ class ChildLink:
             if self._output_fd in ready and not self._output.drain(self._output_fd):
                 poller.unregister(self._output_fd)
             if self._channel in ready:
-                if self._phase == "done":
+                if self._phase in ("done", "live"):
                     if self._channel_closed():
                         self._channel_open = False  # it exited (or closed its end): as it should
                     else:
@@ -262,9 +303,11 @@ class ChildLink:
         return Ended(
             code=os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
             signal=os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
-            cpu_seconds=usage.ru_utime + usage.ru_stime,
+            # The block's own: a live process ran earlier blocks too.
+            cpu_seconds=max(0.0, usage.ru_utime + usage.ru_stime - self._cpu_base),
             violation=self._violation,
             limit=self._limit,
+            live=self._phase == "live",
         )
 
     def _channel_closed(self) -> bool:
@@ -313,15 +356,31 @@ class ChildLink:
                     return  # killed for its disk use: the exit frame says so
             self._output.drain(self._output_fd)  # the child flushed before it reported
             header["stdout"] = self._output.text()
-            self._phase = "done"
+            live = header.get("live", False)
+            if not isinstance(live, bool):
+                self._violate("a done frame without a boolean 'live'")
+                return
+            live = live and self._keep and header.get("status") in ("ok", "error") and self._limit is None
+            header["live"] = live
+            if live:
+                self._phase = "live"
+                self._end_leftovers()
+            else:
+                self._phase = "done"
             self._to_server(encode_frame(header, blob))
         else:
             self._violate(f"a {tag!r} frame{' with a blob' if blob else ''} from the block")
 
     def _from_server(self) -> None:
         header, blob = self._read_server()
-        if header["t"] != "reply":
-            raise RuntimeError(f"sandbox protocol: the server sent {header['t']!r} during a block")
+        tag = header["t"]
+        if self._phase == "live" and tag in ("run", "release"):
+            self._next_or_release(header, blob)
+            return
+        if tag == "release":
+            return  # the child ended before it got there
+        if tag != "reply":
+            raise RuntimeError(f"sandbox protocol: the server sent {tag!r} during a block")
         if self._phase == "running" and self._channel_open and self._violation is None:
             try:
                 self._to_child(encode_frame(header, blob))
@@ -329,6 +388,48 @@ class ChildLink:
                 self._violate(f"the block did not take the reply it asked for in {STALL_SECONDS:g}s")
             except OSError:
                 pass  # the child is going away; its exit frame follows
+
+    def _next_or_release(self, header: dict[str, Any], blob: bytes) -> None:
+        """A live child gets its conversation's next block, or is told to stop."""
+        if self._dead or select.select([self._pidfd], [], [], 0)[0]:
+            self.stale_owed = header["t"] == "run"  # it died between blocks: not run
+            return
+        if header["t"] == "run":
+            if (
+                not header.get("live")
+                or header.get("pid") != self.pid
+                or header.get("workdir") != self._workdir
+            ):
+                raise RuntimeError("sandbox protocol: a block for a live child that is not its next one")
+            if blob:
+                raise RuntimeError("sandbox protocol: a live child's block comes without a snapshot")
+            self._start(header)
+        else:
+            self._phase = "done"  # it exits now; the grace timer runs
+        if not self._channel_open or self._violation is not None:
+            return
+        try:
+            self._to_child(encode_frame(header, blob))
+        except BlockingIOError:
+            self._violate(f"the live child did not take its request in {STALL_SECONDS:g}s")
+        except OSError:
+            pass  # it is going away; its exit frame follows
+
+    def _end_leftovers(self) -> None:
+        """A block's end in a process that stays live: what the block started dies now, as it
+        would with the process (its descendants, and orphans the worker adopted)."""
+        isolation.kill_tree(self.pid, wait_seconds=1.0)
+        for pid in isolation.children(os.getpid()):
+            if pid != self.pid:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
+
+    def _check_cpu(self) -> None:
+        if _cpu_seconds(self.pid) - self._cpu_base > self._cpu_budget:
+            self._limit = "cpu_time"
+            self._kill()
 
     def _check_quota(self) -> None:
         assert self._quota is not None

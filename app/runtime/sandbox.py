@@ -6,7 +6,9 @@ block pays no first-use costs (copy-on-write faults, caches); then it tells the 
 and blocks on its request pipe. When a block arrives it applies the limits, restores the
 namespace, runs the code, answers helper calls from the journal or over the pipe, runs the
 sandbox-side helpers (``app.runtime.library``) and journals those with effects, captures the
-figures left open, snapshots the namespace, reports, and exits.
+figures left open, snapshots the namespace, reports, and exits; or, when the pool asked it to
+``keep`` and the block left no thread running, stays live for its conversation's next block, which
+then runs in the namespace it has (the snapshot is still sent after every block).
 
 Pickles are only ever loaded here, never in the parent: a snapshot comes from an earlier child of
 the same conversation.
@@ -17,6 +19,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import ctypes
+import errno
 import functools
 import gc
 import io
@@ -38,7 +41,9 @@ from app.runtime.protocol import (
     BLOCK_FILENAME,
     EXIT_EOF,
     JOURNALED_SANDBOX_HELPERS,
+    LIVE_MAX_BLOCKS,
     MAX_JOURNAL_BYTES,
+    MAX_PARALLEL_CALLS,
     MAX_RECORD_BYTES,
     MAX_RECORDS,
     PROTOCOL_VERSION,
@@ -62,6 +67,9 @@ _RESERVE_BYTES: Final = 16 << 20
 _WRITE_SLICE: Final = 1 << 20
 # A journaled error message of a sandbox helper is kept to this many bytes.
 _ERROR_MESSAGE_BYTES: Final = 4_000
+# ``parallel(calls)`` was called without ``items``.
+_NO_ITEMS: Final = object()
+_Planned = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 
 
 class ToolError(RuntimeError):
@@ -305,17 +313,31 @@ def _set_limit(which: int, soft: int, hard: int | None = None) -> None:
     resource.setrlimit(which, (soft, hard))
 
 
-def apply_limits(limits: Mapping[str, Any], *, dry: bool = False) -> None:
+def apply_limits(
+    limits: Mapping[str, Any], *, dry: bool = False, keep: bool = False, live: bool = False
+) -> None:
     """Apply the block's rlimits to this process (inherited by anything it starts).
 
-    ``dry`` makes the same calls with the current values: the warm-up uses it.
+    ``dry`` makes the same calls with the current values: the warm-up uses it. ``keep``: the
+    process may stay live for later blocks of its conversation, so the hard CPU limit leaves
+    room for ``LIVE_MAX_BLOCKS`` of them (the worker enforces each block's own CPU time);
+    ``live``: a later block of a live process, whose hard limit was set by its first block.
     """
     wanted: list[tuple[int, int, int | None]] = [(resource.RLIMIT_CORE, 0, None)]
     # RLIMIT_CPU counts from process start: add what the fork has used already. SIGXCPU comes
     # at the soft limit, SIGKILL a second later if the code ignores it.
     used = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
-    cpu = math.ceil(used + float(limits["cpu_seconds"]))
-    wanted.append((resource.RLIMIT_CPU, cpu, cpu + 1))
+    budget = float(limits["cpu_seconds"])
+    cpu = math.ceil(used + budget)
+    if live:
+        cpu_hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
+        if cpu_hard != resource.RLIM_INFINITY and cpu >= cpu_hard:
+            raise OSError(errno.EAGAIN, "this live process has no CPU time left for another block")
+        wanted.append((resource.RLIMIT_CPU, cpu, cpu_hard))
+    elif keep:
+        wanted.append((resource.RLIMIT_CPU, cpu, cpu + math.ceil(budget + 1) * (LIVE_MAX_BLOCKS + 1) + 1))
+    else:
+        wanted.append((resource.RLIMIT_CPU, cpu, cpu + 1))
     # bwrap: /tmp and /dev/shm are memory too, and count against the same limit.
     memory = (int(limits["memory_mb"]) << 20) - isolation.tmpfs_bytes(limits)
     wanted.append((resource.RLIMIT_AS, memory, None))
@@ -343,6 +365,46 @@ def die_with_parent() -> None:
 # -- one block -----------------------------------------------------------------------------
 
 
+def _reap_children() -> None:
+    """Reap the exited children of this process (a live one: its last block's, killed)."""
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+
+
+def _thread_count() -> int:
+    """The threads of this process, as the kernel counts them (native ones included)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
+
+
+class _LiveState:
+    """What a live process keeps between the blocks of its conversation: the namespace, the
+    directory it is confined to, and the previous block's helpers (to rebind them by name)."""
+
+    def __init__(self, *, namespace: dict[str, Any], workdir: str, helpers: Mapping[str, object]) -> None:
+        self.namespace = namespace
+        self.workdir = workdir
+        self.helpers = helpers
+
+    def carry_over(self, helpers: Mapping[str, object]) -> None:
+        """Make the namespace what loading its snapshot would give the next block: a helper of
+        the previous block is gone, a variable holding one holds this block's helper of that
+        name (or a stand-in raising NameError), like ``snapshot.load`` does."""
+        previous = {id(obj): name for name, obj in self.helpers.items()}
+        namespace = self.namespace
+        for key, value in list(namespace.items()):
+            name = previous.get(id(value))
+            if name is None:
+                continue
+            if key == name:
+                del namespace[key]  # the binding the runtime made, made afresh by the next block
+            else:
+                namespace[key] = snapshot.resolve_helper(name, helpers)
+
+
 class _DryRunStopped(Exception):
     """``stop`` of the warm-up's dry block: it must neither report nor exit."""
 
@@ -359,8 +421,13 @@ class _Block:
         channel_out: int,
         reserve: mmap.mmap | None,
         dry: bool = False,
+        live: _LiveState | None = None,
     ) -> None:
         self._request = request
+        # This process may stay live for the conversation's next block (the pool asked, and
+        # ``_finish`` finds it clean); ``live``: it is such a process, running a later block.
+        self._keep = bool(request.get("keep")) and not dry
+        self._live = live
         self._limits: Mapping[str, Any] = request["limits"]
         self._output = output
         self._in = channel_in
@@ -377,9 +444,12 @@ class _Block:
         self.replayed = 0
         self.results = _Results(int(self._limits["stdout_bytes"]))
         self.source = _Source(request["code"], None)
-        self.namespace: dict[str, Any] = {}
+        self.namespace: dict[str, Any] = {} if live is None else live.namespace
         self._workdir = Path(str(request["workdir"]))
+        self._threads = 0  # the process's threads when the block started
         self._pid = os.getpid()  # a fork of the code is not the block: it must never report
+        # The external tools' namespace functions, so ``parallel`` knows which calls to batch.
+        self._external: dict[Callable[..., Any], tuple[str, Sequence[str]]] = {}
 
     @property
     def workdir(self) -> Path:
@@ -391,15 +461,18 @@ class _Block:
         limits = self._limits
         try:
             workdir = str(self._request["workdir"])
-            if self._dry:
-                os.chdir(workdir)
+            if self._live is not None:
+                _reap_children()  # what the last block started, which the worker killed
+            if self._dry or self._live is not None:
+                os.chdir(workdir)  # a live process is confined to it already
             else:  # narrow the view to workdir, drop privileges, enter it (isolation.py)
                 isolation.enter(workdir, limits)
-            apply_limits(limits, dry=self._dry)
+            apply_limits(limits, dry=self._dry, keep=self._keep, live=self._live is not None)
             self._workdir = Path(os.getcwd())  # canonical: symbolic links resolved
             os.environ["HOME"] = workdir
-            if not self._dry:
+            if not self._dry and sys.path[:1] != [workdir]:
                 sys.path.insert(0, workdir)
+            self._threads = _thread_count() if self._keep else 0
         except OSError as exc:
             self.stop("error", error=f"SandboxError: cannot enter the work directory: {exc}")
         global _current, _running
@@ -426,12 +499,32 @@ class _Block:
         dropped: Sequence[str] = (),
         figures: Sequence[bytes] = (),
     ) -> NoReturn:
-        """Send the ``done`` frame and exit at once: no more code of the block runs.
-
-        The frame's blob is the snapshot then the figures' PNGs (``figures`` gives their sizes).
-        """
+        """Send the ``done`` frame and exit at once: no more code of the block runs."""
         if os.getpid() != self._pid:
             os._exit(1)
+        self._report(
+            status, error=error, limit=limit, snapshot_data=snapshot_data, dropped=dropped, figures=figures
+        )
+        if self._dry:
+            raise _DryRunStopped
+        # Let the parent, woken by that write (often onto this CPU), run before this process
+        # spends a millisecond tearing down its address space.
+        os.sched_yield()
+        os._exit(0)
+
+    def _report(
+        self,
+        status: Status,
+        *,
+        error: str | None,
+        limit: str | None,
+        snapshot_data: bytes | None,
+        dropped: Sequence[str],
+        figures: Sequence[bytes],
+        live: bool = False,
+    ) -> None:
+        """Write the ``done`` frame; its blob is the snapshot then the figures' PNGs
+        (``figures`` gives their sizes). ``live``: this process stays for the next block."""
         self._stopping = True
         signal.setitimer(signal.ITIMER_REAL, 0)
         for stream in (self._output, sys.__stdout__, sys.__stderr__):  # all the code wrote
@@ -449,15 +542,12 @@ class _Block:
             "dropped": list(dropped),
             "replayed": self.replayed,
             "figures": [len(image) for image in figures],
+            "live": live,
         }
         if self._dry:
             decode_header(encode_frame(header)[8:])
-            raise _DryRunStopped
+            return
         write_frame(self._out, header, snapshot_data or b"", figures)
-        # Let the parent, woken by that write (often onto this CPU), run before this process
-        # spends a millisecond tearing down its address space.
-        os.sched_yield()
-        os._exit(0)
 
     def _out_of_memory(self) -> NoReturn:
         if self._reserve is not None:
@@ -521,8 +611,112 @@ class _Block:
                     "line": line,
                     "code": code,
                 }
-                entry = self._ask_parent(call, digest)
+                answered = self._ask_parent(call, digest)
+                assert answered is not None  # only the call of a parallel batch is deferred
+                entry = answered
         return _answer(entry)
+
+    def parallel(
+        self, calls: Any, items: Any = _NO_ITEMS, /, *, return_exceptions: bool = False
+    ) -> list[Any]:
+        """``parallel(tool, items)`` / ``parallel([(tool, kwargs), ...])``: make every call and
+        return their results in order; the external tools' calls go to the caller together, so
+        one pause carries them all.
+
+        Other callables (helpers, functions) run first, one after another, in order. Every call
+        is made; then the first error (in call order) is raised, unless ``return_exceptions``
+        puts each error in its place in the list. On replay the batch takes its answers from the
+        journal as a group, matched by call (the caller may answer in any order).
+        """
+        planned = _parallel_plan(calls, items)
+        outcomes: list[tuple[bool, Any]] = [(True, None)] * len(planned)
+        batch: list[tuple[int, str, list[Any], dict[str, Any], dict[str, Any], str]] = []
+        for index, (fn, args, kwargs) in enumerate(planned):
+            external = self._external.get(fn) if _hashable(fn) else None
+            if external is None:
+                try:
+                    outcomes[index] = (True, fn(*args, **kwargs))
+                except MemoryError:
+                    raise
+                except Exception as exc:
+                    outcomes[index] = (False, exc)
+                continue
+            name, params = external
+            try:
+                json_args: list[Any] = to_json(list(args), strict=True)
+                json_kwargs: dict[str, Any] = to_json(kwargs, strict=True) if kwargs else {}
+                arguments = bind_params(name, params, json_args, json_kwargs)
+            except TypeError as exc:
+                outcomes[index] = (False, TypeError(f"{name}(): {exc}"))
+                continue
+            digest = call_digest(name=name, args=json_args, kwargs=json_kwargs)
+            batch.append((index, name, json_args, json_kwargs, arguments, digest))
+        if len(batch) > MAX_PARALLEL_CALLS:
+            raise ValueError(
+                f"parallel: {len(batch)} tool calls at once, more than {MAX_PARALLEL_CALLS}; split them"
+            )
+        if batch:
+            for (index, *_), entry in zip(batch, self._call_batch(batch), strict=True):
+                try:
+                    outcomes[index] = (True, _answer(entry))
+                except ToolError as exc:
+                    outcomes[index] = (False, exc)
+        if not return_exceptions:
+            for ok, value in outcomes:
+                if not ok:
+                    raise value
+        return [value for _, value in outcomes]
+
+    def _call_batch(
+        self, batch: Sequence[tuple[int, str, list[Any], dict[str, Any], dict[str, Any], str]]
+    ) -> list[Sequence[Any]]:
+        """The journal entries answering a batch of external calls: the next ``len(batch)``
+        journal entries, matched call by call on name and digest (equal calls in order), else
+        from the parent, all sent before the block pauses."""
+        size = len(batch)
+        with self._call_lock:
+            left = len(self._journal) - self.replayed
+            if left > 0:
+                group: list[Sequence[Any] | None] = list(self._journal[self.replayed : self.replayed + size])
+                answers: list[Sequence[Any]] = []
+                for _, name, args, kwargs, _, digest in batch:
+                    found = next(
+                        (j for j, e in enumerate(group) if e is not None and e[0] == name and e[1] == digest),
+                        None,
+                    )
+                    if found is None:
+                        line, code = self._call_site(depth=2)
+                        self.stop(
+                            "error",
+                            error=(
+                                f"ReplayDivergenceError: parallel(...) at line {line}: {code or ''} calls "
+                                f"{name}({_short_args(args, kwargs)}), which the journal did not record "
+                                f"among the {min(left, size)} calls it holds for this batch. A block must "
+                                "make the same calls, with the same arguments, when it runs again."
+                            ),
+                        )
+                    entry = group[found]
+                    assert entry is not None
+                    group[found] = None
+                    answers.append(entry)
+                self.replayed += size
+                return answers
+            line, code = self._call_site(depth=2)
+            entries: list[Sequence[Any] | None] = []
+            for position, (_, name, args, kwargs, arguments, digest) in enumerate(batch):
+                call = {
+                    "name": name,
+                    "kind": "external",
+                    "args": args,
+                    "kwargs": kwargs,
+                    "arguments": arguments,
+                    "line": line,
+                    "code": code,
+                }
+                entries.append(self._ask_parent(call, digest, (position, size)))
+            if any(entry is None for entry in entries):
+                raise RuntimeError("sandbox protocol: calls of a parallel batch were deferred, not paused")
+            return [entry for entry in entries if entry is not None]
 
     def _diverged(
         self, entry: Sequence[Any], name: str, args: list[Any], kwargs: dict[str, Any], digest: str
@@ -539,15 +733,21 @@ class _Block:
             ),
         )
 
-    def _ask_parent(self, call: dict[str, Any], digest: str) -> Sequence[Any]:
-        """Send a call to the parent and wait for its reply (suspend stops the block)."""
+    def _ask_parent(
+        self, call: dict[str, Any], digest: str, batch: tuple[int, int] | None = None
+    ) -> Sequence[Any] | None:
+        """Send a call to the parent and wait for its reply (suspend stops the block); None when
+        the call of a ``parallel`` batch is deferred (it waits for the caller with the batch)."""
         assert self._in is not None
         # The wall clock stops while the parent works on the call (an LLM call may be slow).
         remaining, _ = signal.setitimer(signal.ITIMER_REAL, 0)
         with contextlib.suppress(OSError):
             self._output.flush()  # what was printed before the call comes before its effects
+        frame: dict[str, Any] = {"t": "call", "digest": digest, "call": call}
+        if batch is not None:
+            frame["batch"] = list(batch)
         try:
-            write_frame(self._out, {"t": "call", "digest": digest, "call": call})
+            write_frame(self._out, frame)
             reply, _ = read_frame(self._in)
         finally:
             if remaining > 0 and not self._stopping:
@@ -556,6 +756,10 @@ class _Block:
             raise RuntimeError(f"sandbox protocol: expected a reply, got {reply.get('t')!r}")
         if reply["kind"] == "suspend":
             self.stop("suspended")
+        if reply["kind"] == "deferred":
+            if batch is None or batch[0] == batch[1] - 1:
+                raise RuntimeError("sandbox protocol: a deferred reply outside of a parallel batch")
+            return None
         if reply["kind"] == "error":
             return [call["name"], digest, None, reply["error_type"], reply["error_message"]]
         return [call["name"], digest, reply["value"]]
@@ -570,6 +774,7 @@ class _Block:
         helper.__qualname__ = name
         if kind == "external":
             helper.__doc__ = f"{name}({', '.join(params)}): a tool run by the caller."
+            self._external[helper] = (name, params)
         else:
             helper.__doc__ = f"{name}(...): a helper run by the service."
         return helper
@@ -654,8 +859,9 @@ class _Block:
 
     # Running ------------------------------------------------------------------------------
 
-    def run(self, snapshot_data: bytes) -> NoReturn:
-        """Restore the namespace, run the code, snapshot, report: never returns."""
+    def run(self, snapshot_data: bytes) -> _LiveState | None:
+        """Restore the namespace (or keep a live one), run the code, snapshot, report. Returns
+        only when the process stays live for the next block (``_finish``); otherwise exits."""
         request = self._request
         members: dict[str, Callable[..., Any]] = {
             name: self._make_helper(kind="internal", name=name, params=()) for name in request["helpers"]
@@ -668,11 +874,18 @@ class _Block:
         visible = _namespace_names(members)
         # Everything a snapshot stores by name: each helper by its full name, and the groups.
         helpers: dict[str, object] = {**members, **visible}
-        fixed: dict[str, Any] = {**visible, "result": self.result, "ToolError": ToolError}
+        fixed: dict[str, Any] = {
+            **visible,
+            "result": self.result,
+            "parallel": self.parallel,
+            "ToolError": ToolError,
+        }
         ns = self.namespace
         try:
             dropped: list[str] = []
-            if snapshot_data:
+            if self._live is not None:
+                self._live.carry_over(helpers)
+            elif snapshot_data:
                 dropped = snapshot.load(snapshot_data, namespace=ns, helpers=helpers)
             ns.update(fixed)
             ns["__builtins__"] = builtins
@@ -680,7 +893,8 @@ class _Block:
             try:
                 compiled = compile(request["code"], BLOCK_FILENAME, "exec", dont_inherit=True)
             except SyntaxError as exc:
-                self.stop("error", error=render_traceback(exc, self.source))
+                # Nothing ran: the namespace is the one the block started from.
+                return self._finish("error", error=render_traceback(exc, self.source), helpers=helpers)
             self.source = _Source(request["code"], compiled)
             error = self._execute(compiled)
             if self.replayed < len(self._journal):
@@ -710,13 +924,44 @@ class _Block:
             self.stop("limit", limit=limit_label("snapshot_size", self._limits))
         except snapshot.SnapshotFormatError as exc:
             self.stop("error", error=f"SnapshotError: {exc}")
-        self.stop(
+        for name in lost:  # a live process keeps what a replay from the snapshot would have
+            ns.pop(name, None)
+        return self._finish(
             "error" if error else "ok",
             error=error,
+            helpers=helpers,
             snapshot_data=data,
             dropped=list(dict.fromkeys([*dropped, *lost])),
             figures=figures,
         )
+
+    def _finish(
+        self,
+        status: Literal["ok", "error"],
+        *,
+        error: str | None,
+        helpers: Mapping[str, object],
+        snapshot_data: bytes | None = None,
+        dropped: Sequence[str] = (),
+        figures: Sequence[bytes] = (),
+    ) -> _LiveState | None:
+        """Report a block that ran to its end. The process stays live for the conversation's
+        next block (returns its state) when the pool asked and nothing the block started runs
+        on in it (a thread would run on into the next block); otherwise it exits."""
+        if not self._keep or os.getpid() != self._pid or _thread_count() > self._threads:
+            self.stop(status, error=error, snapshot_data=snapshot_data, dropped=dropped, figures=figures)
+        self._report(
+            status,
+            error=error,
+            limit=None,
+            snapshot_data=snapshot_data,
+            dropped=dropped,
+            figures=figures,
+            live=True,
+        )
+        global _current
+        _current = None
+        return _LiveState(namespace=self.namespace, workdir=str(self._request["workdir"]), helpers=helpers)
 
     def _execute(self, compiled: types.CodeType) -> str | None:
         """Run the code; return the rendered error, if it raised."""
@@ -737,6 +982,63 @@ class _Block:
         if os.getpid() != self._pid:
             os._exit(0)
         return None
+
+
+def _hashable(value: object) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
+def _parallel_plan(calls: Any, items: Any) -> list[_Planned]:
+    """The calls ``parallel`` was given, as (function, args, kwargs): ``parallel(tool, items)``
+    (an item that is a dict gives keyword arguments, any other item the one positional
+    argument) or ``parallel(calls)``, each call a ``(function, kwargs)`` or ``(function,)`` pair."""
+    planned: list[_Planned] = []
+    if items is not _NO_ITEMS:
+        if not callable(calls):
+            raise TypeError(f"parallel(tool, items): tool must be a function, not {type(calls).__name__}")
+        if isinstance(items, str | bytes | Mapping) or not hasattr(items, "__iter__"):
+            raise TypeError(
+                "parallel(tool, items): items must be a list (of dicts of keyword arguments, or of "
+                f"single arguments), not {type(items).__name__}"
+            )
+        for item in items:
+            if isinstance(item, Mapping):
+                planned.append((calls, (), _keywords(item)))
+            else:
+                planned.append((calls, (item,), {}))
+    else:
+        if callable(calls) or isinstance(calls, str | bytes | Mapping) or not hasattr(calls, "__iter__"):
+            raise TypeError(
+                "parallel needs parallel(tool, items) or parallel([(tool, {kwargs}), ...]), not "
+                f"one {type(calls).__name__}"
+            )
+        for position, call in enumerate(calls):
+            if not isinstance(call, tuple | list) or not 1 <= len(call) <= 2 or not callable(call[0]):
+                raise TypeError(
+                    f"parallel: call #{position + 1} must be a (tool, {{keyword arguments}}) pair, "
+                    f"not {call!r:.80}"
+                )
+            keywords = call[1] if len(call) == 2 else {}
+            if not isinstance(keywords, Mapping):
+                raise TypeError(
+                    f"parallel: the arguments of call #{position + 1} must be a dict of keyword "
+                    f"arguments, not {type(keywords).__name__}"
+                )
+            planned.append((call[0], (), _keywords(keywords)))
+    if len(planned) > 10 * MAX_PARALLEL_CALLS:
+        raise ValueError(f"parallel: {len(planned)} calls at once; split them")
+    return planned
+
+
+def _keywords(mapping: Mapping[Any, Any]) -> dict[str, Any]:
+    keys = [key for key in mapping if not isinstance(key, str)]
+    if keys:
+        raise TypeError(f"parallel: keyword argument names must be strings, not {keys[0]!r:.40}")
+    return dict(mapping)
 
 
 def _short_args(args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
@@ -972,6 +1274,29 @@ def serve_one(*, channel: int, log_fd: int) -> int:
     if request.get("t") != "run" or request.get("v") != PROTOCOL_VERSION:
         raise RuntimeError(f"sandbox protocol: unexpected request {request.get('t')!r}")
     os.close(log_fd)
-    block = _Block(request=request, output=output, channel_in=stream, channel_out=channel, reserve=reserve)
-    block.start()
-    block.run(snapshot_data)
+    live: _LiveState | None = None
+    for _ in range(LIVE_MAX_BLOCKS):
+        block = _Block(
+            request=request, output=output, channel_in=stream, channel_out=channel, reserve=reserve, live=live
+        )
+        block.start()
+        live = block.run(snapshot_data)
+        if live is None:
+            return 0
+        # Live: this process belongs to the conversation; only its next block, or the word to
+        # stop, may come (the worker checks both before passing them on).
+        try:
+            request, snapshot_data = read_frame(stream)
+        except EOFError:
+            return 0
+        if request.get("t") == "release":
+            return 0
+        if (
+            request.get("t") != "run"
+            or request.get("v") != PROTOCOL_VERSION
+            or not request.get("live")
+            or request.get("workdir") != live.workdir
+            or snapshot_data
+        ):
+            raise RuntimeError("sandbox protocol: a live process got a request that is not its next block")
+    return 0

@@ -68,9 +68,13 @@ class HelperCall(BaseModel):
 
 
 class CallReply(BaseModel):
-    """The parent's answer to a ``HelperCall``: a value, an error, or suspend the block."""
+    """The parent's answer to a ``HelperCall``: a value, an error, or suspend the block.
 
-    kind: Literal["value", "error", "suspend"]
+    ``deferred`` is only ever sent by the pool to the child: the external call of a
+    ``parallel(...)`` batch waits for the caller with the rest of the batch.
+    """
+
+    kind: Literal["value", "error", "suspend", "deferred"]
     value: Any = None
     error_type: str | None = None
     error_message: str | None = None
@@ -88,8 +92,8 @@ class JournalEntry(BaseModel):
     @classmethod
     def for_call(cls, call: HelperCall, reply: CallReply) -> JournalEntry:
         """The entry recording ``reply`` as the answer to ``call`` (e.g. a pending tool call)."""
-        if reply.kind == "suspend":
-            raise ValueError("a suspend reply is not an answer")
+        if reply.kind in ("suspend", "deferred"):
+            raise ValueError(f"a {reply.kind} reply is not an answer")
         if reply.kind == "error":
             return cls(
                 name=call.name,
@@ -107,7 +111,8 @@ class BlockOutcome(BaseModel):
       against the block; or a ``ReplayDivergenceError``/``SandboxError``); ``limit`` (``limit``
       names it: ``wall_clock 30s``, ``cpu_time 10s``, ``memory 2048MB``, ``file_size 100MB``,
       ``snapshot_size 50MB``, ``processes 64``); ``suspended`` (``pending`` is the external call
-      that paused it).
+      that paused it; ``more_pending`` the calls of the same ``parallel(...)`` that wait with it,
+      in call order before it: ``all_pending``).
     - ``snapshot``: the namespace after the block (also after an error, as in a REPL); None when
       the block hit a limit, was suspended, diverged from its journal or died: keep the old one.
       Opaque bytes, only ever loaded by a later sandbox child.
@@ -132,3 +137,9 @@ class BlockOutcome(BaseModel):
     pending: HelperCall | None
     duration_ms: float
     figures: list[bytes] = Field(default_factory=list)  # PNG images of the figures the block left open
+    more_pending: list[HelperCall] = Field(default_factory=list)
+
+    @property
+    def all_pending(self) -> list[HelperCall]:
+        """Every external call the block waits on, in call order (one pause carries them all)."""
+        return [] if self.pending is None else [*self.more_pending, self.pending]

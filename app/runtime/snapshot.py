@@ -78,7 +78,13 @@ def _loading_namespace() -> dict[str, Any]:
 
 
 def _helper_ref(name: str) -> object:
-    helper = _Loading.helpers.get(name)
+    return resolve_helper(name, _Loading.helpers)
+
+
+def resolve_helper(name: str, helpers: Mapping[str, object]) -> object:
+    """The helper ``name`` of a block's ``helpers``; when it has none, a stand-in that raises
+    NameError when called (a variable that held a tool the next block does not get)."""
+    helper = helpers.get(name)
     if helper is not None:
         return helper
 

@@ -5,8 +5,10 @@ alone talks to the server (over its stdin/stdout); each child gets a socket of i
 worker and an output pipe, and nothing else: the worker relays and checks what the child sends
 (``app.runtime.relay``), learns of its death from the kernel, kills whatever the code left
 running (its process group, orphans the worker adopted as their subreaper, and under bwrap the
-rest of its PID namespace), reports how it ended (an ``exit`` frame) and forks the next. Every
-block runs in a fresh fork, so nothing leaks from one block (or conversation) to the next.
+rest of its PID namespace), reports how it ended (an ``exit`` frame) and forks the next. A
+conversation's first block runs in a fresh fork; its later ones may run in the same child while
+the pool keeps it live for that conversation (never another one), so nothing leaks from one
+conversation to the next.
 
 With ``--isolation bwrap`` the worker runs inside bubblewrap and each child narrows its own view
 to its block's directory (``app.runtime.isolation``).
@@ -129,6 +131,7 @@ def _serve(*, proto_in: int, proto_out: int, log_fd: int) -> int:
     """Fork, relay and report, one child after another, until the server goes away."""
     server = io.FileIO(proto_in, "rb", closefd=False)
     failed_starts = 0
+    stale_owed = False  # a block came for a live child that had died: say so once ready
     while True:
         pid, channel, output = _fork_child(log_fd)
         child = ChildLink(pid=pid, channel=channel, output=output, server_in=server, server_out=proto_out)
@@ -142,6 +145,9 @@ def _serve(*, proto_in: int, proto_out: int, log_fd: int) -> int:
                 continue
             failed_starts = 0
             write_frame(proto_out, {"t": "ready", "pid": pid})
+            if stale_owed:
+                write_frame(proto_out, {"t": "stale"})
+                stale_owed = False
             child.wait_run()
             ended = child.relay()
         except ServerClosed:
@@ -157,6 +163,7 @@ def _serve(*, proto_in: int, proto_out: int, log_fd: int) -> int:
         finally:
             child.close()
             _cleanup(pid)
+        stale_owed = child.stale_owed
         try:
             write_frame(proto_out, ended.frame(pid))
         except BrokenPipeError:

@@ -322,7 +322,6 @@ async def test_bad_results_leave_the_conversation_paused(make_client: AppFactory
 @pytest.mark.parametrize(
     ("tools", "fragment"),
     [
-        ([{**FIND_USER, "name": "not an identifier"}], "identifier"),
         ([{**FIND_USER, "name": "class"}], "identifier"),
         ([{**FIND_USER, "name": "llm_call"}], "built-in helper"),
         ([{**FIND_USER, "name": "FS"}], "built-in helper"),
@@ -380,7 +379,7 @@ async def test_resume_continues_the_parked_block_or_replays_it(
         "print(order['status'], open('runs.log').read().count('run'))"
     )
     llm.script(block(code), "Shipped.")
-    async with make_client(runtime_workers=2, runtime_park_seconds=park_seconds) as client:
+    async with make_client(runtime_workers=2, runtime_live_seconds=park_seconds) as client:
         turn = await start(client, "")
         assert turn["status"] == "awaiting_tool_results"
         assert client.app.state.pool.parked_blocks == (1 if park_seconds else 0)  # type: ignore[attr-defined]
@@ -388,3 +387,66 @@ async def test_resume_continues_the_parked_block_or_replays_it(
         assert done.status_code == 200, done.text
         assert done.json()["status"] == "completed"
     assert f"<helpers_result>\nshipped {runs}\n" in llm.requests[1].all_text
+
+
+@pytest.mark.parametrize(("live_seconds", "same_process"), [(30.0, True), (0.0, False)])
+async def test_the_next_turn_runs_in_the_conversations_live_process(
+    make_client: AppFactory, llm: ScriptedLLM, live_seconds: float, same_process: bool
+) -> None:
+    """The process of a turn's block stays live for the conversation's next turn: the next block
+    runs in it (a mark it left outside the namespace is still there); with live processes off,
+    in a fresh fork. Either way the namespace comes back the same."""
+    mark = "import os, sys\nsys.sabre_mark = getattr(sys, 'sabre_mark', None) or os.urandom(6).hex()\n"
+    llm.script(
+        block(mark + "rows = [1, 2]\nprint(sys.sabre_mark)"),
+        "First.",
+        block(mark + "rows.append(3)\nprint(sys.sabre_mark, rows)"),
+        "Second.",
+    )
+    async with make_client(runtime_workers=2, runtime_live_seconds=live_seconds) as client:
+        first = await start(client, "")
+        assert first["status"] == "completed", first
+        assert client.app.state.pool.live_processes == (1 if same_process else 0)  # type: ignore[attr-defined]
+        second = await client.post(
+            f"/v1/conversations/{first['conversation_id']}/messages", json={"input": "again"}
+        )
+        assert second.json()["status"] == "completed", second.text
+    first_mark = llm.requests[1].all_text.split("<helpers_result>\n")[-1].split("\n")[0]
+    second_line = llm.requests[3].all_text.split("<helpers_result>\n")[-1].split("\n")[0]
+    assert second_line.endswith("[1, 2, 3]")
+    assert (second_line.split()[0] == first_mark) is same_process
+
+
+async def test_parallel_calls_pause_once_and_take_results_in_any_order(
+    client: httpx.AsyncClient, llm: ScriptedLLM
+) -> None:
+    llm.script(
+        block(
+            "orders = parallel(get_order_details, [{'order_id': o} for o in ['#1', '#2', '#3']])\n"
+            "print([o['status'] for o in orders])"
+        ),
+        "All three have shipped.",
+    )
+    turn = await start(client, "")
+    assert turn["status"] == "awaiting_tool_results"
+    calls = turn["pending_tool_calls"]
+    assert [c["arguments"] for c in calls] == [{"order_id": o} for o in ("#1", "#2", "#3")]
+    assert len({c["id"] for c in calls}) == 3
+    path = f"/v1/conversations/{turn['conversation_id']}/tool-results"
+    # A result for an unknown id, or one missing, is the same 422 as for a single call.
+    missing = await client.post(path, json={"results": [{"tool_call_id": calls[0]["id"], "output": {}}]})
+    assert_problem(missing, 422, "tool_call_ids_mismatch")
+    assert "missing" in missing.json()["detail"]
+    results = [
+        {"tool_call_id": c["id"], "output": {"status": f"shipped {c['arguments']['order_id']}"}}
+        for c in calls
+    ]
+    forged = [*results[:2], {"tool_call_id": "call_forged", "output": {}}]
+    assert_problem(await client.post(path, json={"results": forged}), 422, "tool_call_ids_mismatch")
+    done = await client.post(path, json={"results": list(reversed(results))})
+    assert done.status_code == 200, done.text
+    assert done.json()["status"] == "completed"
+    assert "['shipped #1', 'shipped #2', 'shipped #3']" in llm.requests[-1].all_text
+    messages = (await client.get(f"/v1/conversations/{turn['conversation_id']}/messages")).json()["data"]
+    kinds = [[p["kind"] for p in m["parts"]] for m in messages]
+    assert kinds[2:4] == [["tool_call"] * 3, ["tool_result"] * 3]

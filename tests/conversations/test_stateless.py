@@ -79,7 +79,9 @@ async def two_servers(
         "SABRE_MODEL": "scripted-model",
         "SABRE_RUNTIME_WORKERS": "1",
         "SABRE_RUNTIME_PRELOAD": "",
-        "SABRE_LOCK_LEASE_SECONDS": "2",  # a killed server's lock lapses quickly
+        # A killed server's lock lapses within the tests' 10 s wait; not so short that a renewal
+        # delayed on a loaded machine lets a live turn look dead (a watcher on B then ends early).
+        "SABRE_LOCK_LEASE_SECONDS": "5",
     }
     with _server(env, servers) as a, _server(env, servers) as b:
         await asyncio.gather(_ready(a), _ready(b))

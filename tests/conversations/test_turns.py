@@ -253,12 +253,12 @@ async def test_metrics_count_turns_and_blocks(client: httpx.AsyncClient, llm: Sc
         lines = [line for line in text.splitlines() if line.startswith(name + " ")]
         return float(lines[0].split()[-1]) if lines else 0.0
 
-    before = (await client.get("/metrics/")).text
+    before = (await client.get("/metrics")).text
     llm.script(block("print(1)"), "done")
     await create(client, "count me")
-    after = (await client.get("/metrics/")).text
-    completed = 'sabre_turns_total{status="completed"}'
-    ok_blocks = 'sabre_blocks_total{status="ok"}'
+    after = (await client.get("/metrics")).text
+    completed = 'sabre_turns_total{model="scripted-model",outcome="completed",persona="default"}'
+    ok_blocks = 'sabre_blocks_total{outcome="ok"}'
     assert value(after, completed) == value(before, completed) + 1
     assert value(after, ok_blocks) == value(before, ok_blocks) + 1
 

@@ -246,3 +246,25 @@ async def test_cancelling_a_finished_turn_is_409(client: httpx.AsyncClient, llm:
     assert response.status_code == 409, response.text
     other = await client.post(f"/v1/conversations/{turn['conversation_id']}/turns/turn_nope/cancel")
     assert other.status_code == 404
+
+
+async def test_events_stay_gap_free_when_a_background_write_meets_the_final_transaction(
+    make_client: AppFactory, llm: ScriptedLLM
+) -> None:
+    """Events written in the background while the turn runs, then the rest in its final
+    transaction: a write still under way when that transaction starts must finish first (on
+    SQLite it would wait for the transaction's write lock, time out and lose its events)."""
+    turns = 12
+    for _ in range(turns):
+        llm.script(block("print('x')"), "Done.")
+    async with make_client(events_flush_seconds=0.001) as client:
+        conversation = (await client.post("/v1/conversations", json={"input": "hi"})).json()
+        llm.script("Hello.")
+        for _ in range(turns):
+            turn = await client.post(
+                f"/v1/conversations/{conversation['conversation_id']}/messages", json={"input": "go"}
+            )
+            assert turn.json()["status"] == "completed", turn.text
+        events = await all_events(client, conversation["conversation_id"])
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    assert sum(e["type"] == "turn.completed" for e in events) == turns + 1

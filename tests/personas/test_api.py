@@ -37,7 +37,7 @@ async def test_get_persona_in_full(client: httpx.AsyncClient) -> None:
     assert persona["name"] == "tau2-retail"
     assert persona["identity"].startswith("You are a customer service agent")
     assert len(persona["examples"]) == 3
-    assert persona["documented_helpers"] == ["result"]
+    assert persona["documented_helpers"] == ["result", "parallel"]
     tools = {t["name"]: t for t in persona["custom_tools"]}
     lookup = tools["find_user_id_by_name_zip"]
     assert lookup["execution_mode"] == "external"

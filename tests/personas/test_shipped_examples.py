@@ -83,7 +83,24 @@ def _download_csv(url: str) -> str:
     return str(path)
 
 
+def _parallel(tool: Any, items: Any = None, *, return_exceptions: bool = False) -> list[Any]:
+    """``parallel`` as the runtime runs it (one call after another here): both forms, dict items
+    as keyword arguments."""
+    if items is None:
+        assert isinstance(tool, list | tuple), "parallel([(tool, {kwargs}), ...])"
+        calls = [(fn, kwargs) for fn, kwargs in tool]
+    else:
+        assert callable(tool)
+        calls = [(tool, item) for item in items]
+    results = []
+    for fn, arguments in calls:
+        assert callable(fn)
+        results.append(fn(**arguments) if isinstance(arguments, dict) else fn(arguments))
+    return results
+
+
 HELPER_RETURNS: dict[str, Callable[..., Any]] = {
+    "parallel": _parallel,
     "llm_call": lambda expr_list, instructions: "First finding\nSecond finding",
     "result": lambda value: None,
     "helpers": lambda term=None: "llm_call(expr_list, instructions): Ask the model.",

@@ -46,13 +46,24 @@ def tmp_path(workspaces: Path, request: pytest.FixtureRequest) -> Path:
 
 @pytest_asyncio.fixture(scope="package", loop_scope="package", params=BACKENDS)
 async def pool(request: pytest.FixtureRequest, workspaces: Path) -> AsyncIterator[RuntimePool]:
-    """A two-worker pool (numpy, pandas, matplotlib preloaded), started with secrets in env."""
+    """A two-worker pool (numpy, pandas, matplotlib preloaded), started with secrets in env; its
+    processes stay live for their conversation's next block, as in the service."""
     backend = request.param
     if backend == "bwrap" and (why := await bwrap_unavailable(workspaces)) is not None:
         pytest.skip(f"bubblewrap cannot run here: {why}")
     with pytest.MonkeyPatch.context() as patch:
         for name, value in SECRETS.items():
             patch.setenv(name, value)
-        async with RuntimePool(size=2, sandbox=backend, workspaces=workspaces) as started:
+        async with RuntimePool(size=2, sandbox=backend, workspaces=workspaces, live_seconds=10.0) as started:
             assert started.sandbox == backend
             yield started
+
+
+@pytest_asyncio.fixture(scope="package", loop_scope="package", params=BACKENDS)
+async def replaying_pool(request: pytest.FixtureRequest, workspaces: Path) -> AsyncIterator[RuntimePool]:
+    """A two-worker pool without live processes (no preloads): every block starts in a fresh
+    fork from its snapshot, and a resume replays the block from its journal."""
+    if request.param == "bwrap" and (why := await bwrap_unavailable(workspaces)) is not None:
+        pytest.skip(f"bubblewrap cannot run here: {why}")
+    async with RuntimePool(size=2, preload=(), sandbox=request.param, workspaces=workspaces) as started:
+        yield started

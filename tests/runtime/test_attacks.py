@@ -131,6 +131,45 @@ async def test_a_block_that_lingers_after_done_does_not_hold_its_worker(
     await assert_pool_works(pool, victim)
 
 
+async def test_a_forged_live_done_never_gets_another_conversations_block(
+    pool: RuntimePool, workspaces: Path
+) -> None:
+    """A block forges ``done`` saying it stays live, then reads its channel for the next request:
+    a process is bound to its own conversation only, so another conversation's block (its code,
+    its tag) never reaches it, and that block runs as usual."""
+    marker = _marker()
+    code = (
+        _FRAME
+        + _name_process(marker)
+        + "os.write(3, frame({**DONE, 'live': True}))\n"
+        + "while True:\n"
+        + "    data = os.read(3, 1 << 16)\n"
+        + "    if not data:\n        break\n"
+        + "    with open('stolen.bin', 'ab') as out:\n        out.write(data)\n"
+    )
+    attacker, victim = _conversation(workspaces), _conversation(workspaces)
+    try:
+        outcome = await run(pool, code, workdir=attacker)
+        assert (outcome.status, outcome.results) == ("ok", ["forged"])
+        for tag in ("v1", "v2", "v3"):
+            await _victim(pool, victim, tag=tag)
+        stolen = attacker / "stolen.bin"
+        assert not stolen.exists() or b"victim" not in stolen.read_bytes()
+    finally:
+        _kill_marked(marker)
+    await assert_pool_works(pool, victim)
+
+
+async def test_a_done_with_a_garbage_live_flag_is_a_violation(pool: RuntimePool, workspaces: Path) -> None:
+    """``live`` must be a boolean: anything else is the block breaking the protocol."""
+    code = _FRAME + "os.write(3, frame({**DONE, 'live': 'yes'}))\nimport time\ntime.sleep(5)\n"
+    outcome = await run(pool, code, workdir=_conversation(workspaces))
+    assert outcome.status == "error"
+    assert "broke the sandbox protocol" in (outcome.error or "")
+    assert "live" in (outcome.error or "")
+    await assert_pool_works(pool, _conversation(workspaces))
+
+
 async def test_half_a_frame_after_done_then_exit_does_not_hold_the_worker(
     pool: RuntimePool, workspaces: Path, request: pytest.FixtureRequest
 ) -> None:

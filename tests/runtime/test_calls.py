@@ -120,7 +120,10 @@ async def test_external_tool_argument_errors_stay_in_the_code(pool: RuntimePool,
     assert recorder.calls == []
 
 
-async def test_suspend_then_resume_from_the_journal(pool: RuntimePool, tmp_path: Path) -> None:
+async def test_suspend_then_resume_from_the_journal(replaying_pool: RuntimePool, tmp_path: Path) -> None:
+    """Without a live process a resume replays the block: what it printed before the pause is
+    printed again, and the journal answers the calls it made."""
+    pool = replaying_pool
     base = await run(pool, "base = 10\n", workdir=tmp_path)
     code = (
         "uid = find_user(first_name='Sarah', zip='90210')\n"

@@ -35,7 +35,7 @@ async def parking(request: pytest.FixtureRequest, workspaces: Path) -> AsyncIter
     if request.param == "bwrap" and (why := await bwrap_unavailable(workspaces)) is not None:
         pytest.skip(f"bubblewrap cannot run here: {why}")
     async with RuntimePool(
-        size=2, preload=(), sandbox=request.param, workspaces=workspaces, park_seconds=2.0
+        size=2, preload=(), sandbox=request.param, workspaces=workspaces, live_seconds=2.0
     ) as pool:
         yield pool
 
@@ -95,7 +95,7 @@ async def test_a_parked_block_is_released_when_nobody_resumes_it(
     parking: RuntimePool, tmp_path: Path
 ) -> None:
     journal = await pause(parking, tmp_path)
-    await asyncio.sleep(2.5)  # past park_seconds: the process stopped as suspended
+    await asyncio.sleep(2.5)  # past live_seconds: the process stopped as suspended
     assert parking.parked_blocks == 0
     for _ in range(50):
         if parking.idle_workers == 2:
@@ -108,15 +108,17 @@ async def test_a_parked_block_is_released_when_nobody_resumes_it(
 
 
 async def test_parking_never_takes_the_last_worker(parking: RuntimePool, workspaces: Path) -> None:
-    """At most size - 1 blocks park; a block that needs a worker while all are parked or busy
-    takes the oldest parked one back (that block will replay)."""
-    first, second = (Path(tempfile.mkdtemp(prefix="park-", dir=workspaces)) for _ in range(2))
+    """At most size - 1 processes stay bound: the least recently used one gives way (its block
+    will replay), and a worker stays free for other conversations."""
+    first, second, third = (Path(tempfile.mkdtemp(prefix="park-", dir=workspaces)) for _ in range(3))
     journal_a = await pause(parking, first)
-    journal_b = await pause(parking, second)  # the second pause cannot park: one worker is kept
+    journal_b = await pause(parking, second)  # parks, and the older parked block gives way
     assert parking.parked_blocks == 1
-    done = await run(parking, "result(1)", workdir=second)
-    assert done.results == ["1"]
-    a = await run(parking, CODE, workdir=first, tools={"lookup": ["order_id"]}, journal=journal_a)
     b = await run(parking, CODE, workdir=second, tools={"lookup": ["order_id"]}, journal=journal_b)
-    assert a.results[-1] == "1"  # live
-    assert b.results[-1] == "2"  # replayed
+    a = await run(parking, CODE, workdir=first, tools={"lookup": ["order_id"]}, journal=journal_a)
+    assert b.results[-1] == "1", b.error  # live
+    assert a.results[-1] == "2", a.error  # replayed
+    assert parking.parked_blocks == 0
+    assert parking.live_processes == 1  # first's, which ran last
+    done = await run(parking, "result(1)", workdir=third)  # a free worker serves another one
+    assert done.results == ["1"]

@@ -1,0 +1,1 @@
+"""SABRE as a tau2-bench agent: ``tau2-sabre run --agent sabre --agent-llm sabre ...``."""

@@ -1,0 +1,230 @@
+"""Live conversation processes: the process that ran a conversation's block stays bound to that
+conversation, and its next block runs in it (no fork, no snapshot restore) only when that is the
+same as replaying from the store: the same conversation, the snapshot it left, the same limits."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from app.runtime import CallReply, Limits, RuntimePool
+from tests.runtime.support import BACKENDS, Recorder, bwrap_unavailable, run
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+# The process's own mark (pids repeat across bwrap's PID namespaces): set by the first block a
+# process runs, kept by a live process, absent from a fresh fork of the worker.
+PID = (
+    "import os, sys\n"
+    "sys.sabre_mark = getattr(sys, 'sabre_mark', None) or os.urandom(8).hex()\n"
+    "result(sys.sabre_mark)\n"
+)
+HOST_PID = "import os\nresult(os.getpid())\n"
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module", params=BACKENDS)
+async def live(request: pytest.FixtureRequest, workspaces: Path) -> AsyncIterator[RuntimePool]:
+    """Three workers (two processes may stay bound), no preloads: quick to start."""
+    if request.param == "bwrap" and (why := await bwrap_unavailable(workspaces)) is not None:
+        pytest.skip(f"bubblewrap cannot run here: {why}")
+    async with RuntimePool(
+        size=3, preload=(), sandbox=request.param, workspaces=workspaces, live_seconds=30.0
+    ) as pool:
+        yield pool
+
+
+def conversation(workspaces: Path) -> Path:
+    return Path(tempfile.mkdtemp(prefix="live-", dir=workspaces))
+
+
+async def test_the_next_block_runs_in_the_same_process_with_its_objects(
+    live: RuntimePool, workspaces: Path
+) -> None:
+    workdir = conversation(workspaces)
+    first = await run(live, "rows = [1, 2]\nresult(id(rows))\n" + PID, workdir=workdir)
+    assert first.status == "ok", first.error
+    assert live.live_processes >= 1
+    second = await run(
+        live,
+        "rows.append(3)\nresult(id(rows))\nresult(rows)\n" + PID,
+        workdir=workdir,
+        snapshot=first.snapshot,
+    )
+    assert second.status == "ok", second.error
+    assert second.results[0] == first.results[0]  # the same object, not an unpickled copy
+    assert second.results[1] == "[1, 2, 3]"
+    assert second.results[2] == first.results[1]  # the same process
+    assert second.snapshot is not None  # still written after every block
+
+
+async def test_a_snapshot_from_elsewhere_starts_a_fresh_process(live: RuntimePool, workspaces: Path) -> None:
+    """Another replica ran a block in between: the stored snapshot is not the one the live
+    process left, so the block runs in a fresh fork from the stored one."""
+    workdir = conversation(workspaces)
+    first = await run(live, "x = 1\n" + PID, workdir=workdir)
+    elsewhere = await run(live, "x = 2\n", workdir=conversation(workspaces))
+    second = await run(live, "result(x)\n" + PID, workdir=workdir, snapshot=elsewhere.snapshot)
+    assert second.status == "ok", second.error
+    assert second.results[0] == "2"
+    assert second.results[1] != first.results[0]
+
+
+async def test_a_live_process_never_serves_another_conversation(live: RuntimePool, workspaces: Path) -> None:
+    """Another conversation sending the very snapshot the live process holds still gets a fresh
+    process: a process is bound to its conversation's directory."""
+    mine, theirs = conversation(workspaces), conversation(workspaces)
+    first = await run(live, "secret = 'mine'\nopen('private.txt', 'w').write('x')\n" + PID, workdir=mine)
+    other = await run(live, PID + "result(os.listdir('.'))\n", workdir=theirs, snapshot=first.snapshot)
+    assert other.status == "ok", other.error
+    assert other.results[0] != first.results[0]
+    assert other.results[1] == "[]"
+    again = await run(live, "result(secret)\n" + PID, workdir=mine, snapshot=first.snapshot)
+    assert again.results == ["mine", first.results[0]]  # still live for its own conversation
+
+
+async def test_changed_limits_start_a_fresh_process(live: RuntimePool, workspaces: Path) -> None:
+    workdir = conversation(workspaces)
+    first = await run(live, PID, workdir=workdir)
+    second = await run(live, PID, workdir=workdir, snapshot=first.snapshot, limits=Limits(cpu_seconds=5))
+    assert second.results != first.results
+
+
+async def test_a_live_process_keeps_only_what_a_snapshot_keeps(live: RuntimePool, workspaces: Path) -> None:
+    """Parity with a replay: an unpicklable value is dropped; a variable holding a tool of the
+    last block holds this block's tool of that name, or a stand-in raising NameError."""
+    workdir = conversation(workspaces)
+    first = await run(
+        live,
+        "gen = (i for i in range(3))\nfind = lookup\n" + PID,
+        workdir=workdir,
+        tools={"lookup": ["order_id"]},
+    )
+    assert first.dropped == ["gen"]
+    recorder = Recorder(lambda call: CallReply(kind="value", value="found"))
+    second = await run(
+        live,
+        "result('gen' in globals())\nresult(find(order_id='A1'))\n" + PID,
+        workdir=workdir,
+        snapshot=first.snapshot,
+        tools={"lookup": ["order_id"]},
+        on_call=recorder,
+    )
+    assert second.status == "ok", second.error
+    assert second.results == ["False", "found", first.results[0]]
+    assert [call.name for call in recorder.calls] == ["lookup"]
+    third = await run(
+        live,
+        "try:\n    find(order_id='A1')\nexcept NameError as e:\n    result(str(e))\n"
+        "result('lookup' in globals())\n" + PID,
+        workdir=workdir,
+        snapshot=second.snapshot,
+    )
+    assert third.status == "ok", third.error
+    assert third.results == ["helper 'lookup' is not available in this block", "False", first.results[0]]
+
+
+async def test_a_thread_left_running_ends_the_process(live: RuntimePool, workspaces: Path) -> None:
+    """A thread the block started would run on into the next block: the process is not kept."""
+    workdir = conversation(workspaces)
+    first = await run(
+        live,
+        "import threading, time\nthreading.Thread(target=time.sleep, args=(30,)).start()\n" + PID,
+        workdir=workdir,
+    )
+    second = await run(live, PID, workdir=workdir, snapshot=first.snapshot)
+    assert second.status == "ok", second.error
+    assert second.results != first.results
+
+
+async def test_what_a_block_started_dies_with_the_block(live: RuntimePool, workspaces: Path) -> None:
+    """A process kept live still loses what its block left running, as an exited one would."""
+    workdir = conversation(workspaces)
+    first = await run(
+        live,
+        "import subprocess\nchild = subprocess.Popen(['sleep', '60'])\nresult(child.pid)\n" + PID,
+        workdir=workdir,
+    )
+    assert first.status == "ok", first.error
+    second = await run(
+        live,
+        "child.poll()\nresult(child.returncode)\n" + PID,
+        workdir=workdir,
+        snapshot=first.snapshot,
+    )
+    # `child` (a Popen) is not picklable, so a replay would not have it; live, it is dropped too.
+    assert second.status == "error"
+    assert "NameError" in (second.error or "")
+    third = await run(
+        live,
+        f"import os\ntry:\n    os.kill({first.results[0]}, 0)\n    result('alive')\n"
+        "except ProcessLookupError:\n    result('gone')\n" + PID,
+        workdir=workdir,
+        snapshot=second.snapshot or first.snapshot,
+    )
+    assert third.results[1] == first.results[1]  # the live process, where a zombie would linger
+    assert third.results[0] == "gone"  # killed at the block's end, and reaped before the next
+
+
+async def test_cpu_time_is_counted_per_block_in_a_live_process(live: RuntimePool, workspaces: Path) -> None:
+    """The hard CPU limit of a live process spans its blocks; the worker holds each block to its
+    own limit, even when the code ignores SIGXCPU."""
+    workdir = conversation(workspaces)
+    limits = Limits(cpu_seconds=1, wall_clock_seconds=20)
+    first = await run(live, "x = sum(range(10**6))\n" + PID, workdir=workdir, limits=limits)
+    spin = "import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True:\n    pass\n"
+    second = await run(live, spin, workdir=workdir, snapshot=first.snapshot, limits=limits)
+    assert second.status == "limit"
+    assert second.limit == "cpu_time 1s"
+    third = await run(live, "result(x)\n" + PID, workdir=workdir, snapshot=first.snapshot, limits=limits)
+    assert third.status == "ok", third.error
+    assert third.results[1] != first.results[0]  # a fresh process, from the stored snapshot
+
+
+async def test_a_live_process_that_dies_between_blocks_is_replaced(
+    live: RuntimePool, workspaces: Path
+) -> None:
+    """Killed while idle (the OOM killer, an operator): the next block runs, correctly, in a
+    fresh fork from the stored snapshot."""
+    if live.sandbox != "process":
+        pytest.skip("the test finds the child by its host pid (process backend)")
+    workdir = conversation(workspaces)
+    first = await run(live, "x = 41\n" + HOST_PID + PID, workdir=workdir)
+    os.kill(int(first.results[0]), signal.SIGKILL)
+    await asyncio.sleep(0.2)
+    second = await run(live, "result(x + 1)\n" + PID, workdir=workdir, snapshot=first.snapshot)
+    assert second.status == "ok", second.error
+    assert second.results[0] == "42"
+    assert second.results[1] != first.results[1]
+
+
+async def test_a_live_process_that_speaks_between_blocks_is_killed(
+    live: RuntimePool, workspaces: Path
+) -> None:
+    """Nothing may come from a live process between its blocks: a frame it sends (here from a
+    signal handler the block installed) is a violation; the next block runs in a fresh fork."""
+    if live.sandbox != "process":
+        pytest.skip("the test signals the child by its host pid (process backend)")
+    workdir = conversation(workspaces)
+    code = (
+        "import os, signal, struct\n"
+        "def speak(*_):\n"
+        '    body = b\'{"t": "call"}\'\n'
+        "    os.write(3, struct.pack('>II', len(body), 0) + body)\n"
+        "signal.signal(signal.SIGUSR1, speak)\n"
+        "x = 1\n" + HOST_PID + PID
+    )
+    first = await run(live, code, workdir=workdir)
+    assert first.status == "ok", first.error
+    os.kill(int(first.results[0]), signal.SIGUSR1)
+    await asyncio.sleep(0.3)
+    second = await run(live, "result(x)\n" + PID, workdir=workdir, snapshot=first.snapshot)
+    assert second.status == "ok", second.error
+    assert second.results[0] == "1"
+    assert second.results[1] != first.results[1]
