@@ -11,15 +11,15 @@ LLM key stays in the parent). The isolation backend (bubblewrap, rlimits) is the
 boundary; the confinement of ``FS`` is the helpers' own contract (the code could call ``open()``
 anyway), which is also why it checks resolved paths rather than racing the code for them.
 
-The sandbox imports this module in the worker, before any child is forked, so no block pays for
-its import (pandas) or first use (``warm``). A block reaches the block it runs in through
-``Host`` (``bind``): the journal for ``FS``/``Bash`` calls, the parent for ``llm_call``.
+The sandbox imports this module in the worker, before any child is forked; pandas (in
+``dataframes``) comes with the worker's preload, or at a block's first ``pandas_bind``. A block
+reaches the block it runs in through ``Host`` (``bind``): the journal for ``FS``/``Bash`` calls,
+the parent for ``llm_call``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 import io
 import os
 import select
@@ -30,8 +30,6 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final, Protocol
-
-import pandas as pd
 
 from app.runtime.output import Output
 from app.runtime.protocol import JOURNALED_SANDBOX_HELPERS, MAX_FIGURE_BYTES, MAX_FIGURES, SANDBOX_HELPERS
@@ -292,102 +290,29 @@ def _drain(fd: int, output: Output, *, max_reads: int = 16) -> bool:
 # -- pandas_bind ---------------------------------------------------------------------------
 
 
-class BoundFrame(pd.DataFrame):
-    """A pandas DataFrame that can answer questions about itself: ``frame.ask("...")``.
-
-    Everything else is the DataFrame's own behaviour (operations return BoundFrames). It is
-    saved with the namespace like any DataFrame (by reference to this class) and ``ask`` looks up
-    the running block when called, so a frame from an earlier block asks through the current one.
-    """
-
-    _metadata: list[str] = []  # noqa: RUF012 -- pandas' own protocol for subclasses
-
-    @property
-    def _constructor(self) -> Callable[..., BoundFrame]:
-        return BoundFrame
-
-    def ask(self, question: str) -> str:
-        """Ask the LLM a question about this frame; returns its answer as a string.
-
-        It gets a compact description (shape, dtypes, first rows, summary statistics), not the
-        whole frame: compute exact figures with pandas.
-        """
-        if not isinstance(question, str) or not question.strip():
-            raise ValueError("ask: the question must be a non-empty string")
-        answer = _current().call_helper(
-            "llm_call", ([describe_frame(self)], _ASK_INSTRUCTIONS.format(question=question.strip())), {}
-        )
-        return answer if isinstance(answer, str) else str(answer)
-
-
-def describe_frame(frame: pd.DataFrame, *, max_chars: int = _DESCRIPTION_CHARS) -> str:
-    """What ``ask`` tells the LLM about a frame: shape, columns with dtypes, head, describe()."""
-    rows, cols = frame.shape
-    parts = [f"DataFrame: {rows} rows x {cols} columns"]
-    columns = [
-        f"  {name!s}: {dtype} ({count} non-null)"
-        for (name, dtype), count in zip(frame.dtypes.items(), frame.count().tolist(), strict=True)
-    ]
-    if len(columns) > 60:
-        columns = [*columns[:60], f"  ... and {len(columns) - 60} more columns"]
-    parts.append("Columns:\n" + "\n".join(columns))
-    with pd.option_context("display.width", 200, "display.max_colwidth", 60, "display.max_columns", 30):
-        parts.append("First rows:\n" + frame.head(5).to_string())
-        if cols:
-            # Some frames cannot be summarised (e.g. only unhashable values): leave it out then.
-            with contextlib.suppress(ValueError, TypeError):
-                parts.append("Summary statistics:\n" + frame.describe(include="all").to_string())
-    text = "\n\n".join(parts)
-    if len(text) > max_chars:
-        text = text[:max_chars] + f"\n[... {len(text) - max_chars} characters of description omitted]"
-    return text
-
-
-def pandas_bind(data: Any) -> BoundFrame:
+def pandas_bind(data: Any) -> Any:
     """A DataFrame (with ``.ask``) from a DataFrame, Series, list of rows/dicts, dict of columns
-    (or one record), 2-D array, CSV text, or the path of a CSV/TSV file in the working directory."""
-    if isinstance(data, pd.DataFrame):
-        return BoundFrame(data.copy())
-    if isinstance(data, pd.Series):
-        return BoundFrame(data.to_frame())
-    if isinstance(data, os.PathLike):
-        return _read_csv_file(data)
-    if isinstance(data, str):
-        if "\n" in data:
-            return BoundFrame(pd.read_csv(io.StringIO(data)))
-        return _read_csv_file(data)
-    if isinstance(data, Mapping):
-        if data and not any(_is_column(v) for v in data.values()):
-            return BoundFrame([dict(data)])  # one record
-        return BoundFrame(dict(data))
-    if isinstance(data, list | tuple) or hasattr(data, "__array__"):
-        return BoundFrame(list(data) if isinstance(data, tuple) else data)
-    raise TypeError(
-        f"pandas_bind: cannot make a DataFrame from a {type(data).__name__}; pass a DataFrame, a "
-        "list of dicts, a dict of columns, CSV text or the path of a CSV file"
-    )
+    (or one record), 2-D array, CSV text, or the path of a CSV/TSV file in the working directory.
+    pandas is imported here, at first use (or by the worker's preload), not with this module."""
+    from app.runtime import dataframes
+
+    return dataframes.pandas_bind(data)
 
 
-def _is_column(value: object) -> bool:
-    """Whether a dict value is a column (a sequence or an array), not one record's field."""
-    return isinstance(value, list | tuple | Mapping | pd.Series) or getattr(value, "ndim", 0) > 0
+def __getattr__(name: str) -> Any:
+    """``BoundFrame``/``describe_frame`` from before they moved to ``dataframes``: snapshots
+    saved then name the class here."""
+    if name in ("BoundFrame", "describe_frame"):
+        from app.runtime import dataframes
 
-
-def _read_csv_file(path: str | os.PathLike[str]) -> BoundFrame:
-    target = _confined(path, what="pandas_bind")
-    if not target.is_file():
-        raise FileNotFoundError(
-            f"pandas_bind: no file {os.fspath(path)!r} in the working directory (a str without a "
-            "newline is read as the path of a CSV file)"
-        )
-    sep = "\t" if fnmatch.fnmatch(target.name.lower(), "*.tsv") else ","
-    return BoundFrame(pd.read_csv(target, sep=sep))
+        return getattr(dataframes, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # -- the registry --------------------------------------------------------------------------
 
 # Every sandbox helper by its name in the namespace; ``protocol.SANDBOX_HELPERS`` is the same set
-# for the parent, which must not import this module (pandas).
+# for the parent, which need not import this module.
 LOCAL_HELPERS: Final[Mapping[str, Callable[..., Any]]] = {
     "FS.read_file": read_file,
     "FS.write_file": write_file,
@@ -457,8 +382,11 @@ def warm() -> None:
         return
     _warm = True
     # Warming is an optimisation: a library that fails here fails in the block, not the worker.
-    with contextlib.suppress(Exception):
-        describe_frame(BoundFrame({"n": [1, 2], "s": ["x", "y"]}))
+    if "pandas" in sys.modules:  # preloaded: describe a frame (pandas' own lazy imports)
+        with contextlib.suppress(Exception):
+            from app.runtime import dataframes
+
+            dataframes.describe_frame(dataframes.BoundFrame({"n": [1, 2], "s": ["x", "y"]}))
     matplotlib = sys.modules.get("matplotlib")
     if matplotlib is not None:
         with contextlib.suppress(Exception):

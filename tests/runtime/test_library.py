@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import pytest
@@ -352,3 +353,35 @@ async def test_no_figures_without_pyplot_or_on_suspend(pool: RuntimePool, tmp_pa
     )
     assert suspended.status == "suspended"
     assert suspended.figures == []
+
+
+async def test_pandas_is_imported_at_the_first_pandas_bind_without_a_preload(
+    replaying_pool: RuntimePool, tmp_path: Path
+) -> None:
+    """A worker without pandas in its preload starts without it (~200 ms less); a block that
+    binds a frame imports it then, and the frame survives the snapshot."""
+    first = await run(
+        replaying_pool,
+        "import sys\nresult('pandas' in sys.modules)\ndf = pandas_bind({'a': [1, 2]})\n"
+        "result(type(df).__name__)\nresult('pandas' in sys.modules)\n",
+        workdir=tmp_path,
+    )
+    assert first.status == "ok", first.error
+    assert first.results == ["False", "BoundFrame", "True"]
+    second = await run(
+        replaying_pool, "result(int(df['a'].sum()))\n", workdir=tmp_path, snapshot=first.snapshot
+    )
+    assert second.status == "ok", second.error
+    assert second.results == ["3"]
+
+
+async def test_a_frame_saved_under_its_old_module_still_loads() -> None:
+    """Snapshots from before ``BoundFrame`` moved to ``dataframes`` name it in ``library``."""
+    from app.runtime import dataframes
+
+    saved = pickle.dumps(dataframes.BoundFrame({"a": [1, 2]}), protocol=0)
+    assert b"capp.runtime.dataframes\nBoundFrame\n" in saved
+    old = saved.replace(b"capp.runtime.dataframes\nBoundFrame\n", b"capp.runtime.library\nBoundFrame\n")
+    loaded = pickle.loads(old)
+    assert type(loaded) is dataframes.BoundFrame
+    assert loaded["a"].tolist() == [1, 2]
