@@ -34,7 +34,7 @@ NOT_FOUND = problem_responses(404)
 router = APIRouter(prefix="/v1/conversations", tags=["conversations"], route_class=StrictJSONRoute)
 
 
-def get_service(request: Request, session: Session) -> ConversationService:
+async def get_service(request: Request, session: Session) -> ConversationService:
     """A service bound to this request's session and the app's shared resources."""
     return service_for(request.app.state.resources, session)
 
@@ -418,7 +418,7 @@ LIST_PARAMETERS = frozenset({"status", "persona", "limit", "after"})
 MAX_METADATA_FILTERS = 16
 
 
-def metadata_filters(request: Request) -> dict[str, str]:
+async def metadata_filters(request: Request) -> dict[str, str]:
     """The ``metadata[KEY]=VALUE`` query parameters, ANDed. Any other parameter the listing does not
     know is a 422 too: a misspelt filter must not silently list everything."""
     filters: dict[str, str] = {}

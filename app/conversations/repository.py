@@ -6,9 +6,9 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import ColumnElement, and_, delete, func, insert, or_, select, update
+from sqlalchemy import ColumnElement, Table, and_, delete, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import defer
 
@@ -93,7 +93,9 @@ class ConversationRepository:
     async def insert_messages(self, rows: Sequence[dict[str, Any]]) -> None:
         """Insert many messages in one statement."""
         if rows:
-            await self.session.execute(insert(Message), list(rows))
+            await self.session.execute(
+                insert(cast(Table, Message.__table__)), list(rows)
+            )  # Core: one statement
 
     def add_all(self, rows: Sequence[Message | Turn]) -> None:
         """Stage new messages and turns."""
@@ -217,6 +219,19 @@ class ConversationRepository:
             .execution_options(synchronize_session=False)
         )
         return bool(getattr(result, "rowcount", 0))
+
+    async def finish_turn(self, *, turn_id: str, values: Mapping[str, Any]) -> Turn | None:
+        """Store a started turn's outcome in one statement (no read first); returns the row as stored
+        (what others may have set meanwhile, such as a cancel request, included), None if it is gone."""
+        result = await self.session.execute(
+            update(Turn)
+            .where(Turn.id == turn_id)
+            .values(**values)
+            .returning(*Turn.__table__.columns)
+            .execution_options(synchronize_session=False)
+        )
+        row = result.one_or_none()
+        return None if row is None else Turn(**row._asdict())
 
     async def finish_running(
         self, *, turn_id: str, status: str, error: dict[str, Any] | None, now: datetime

@@ -571,7 +571,7 @@ class ConversationService:
             if new:
                 self.repo.add(conversation)
             turn, rows = await self._persist(
-                conversation, turn_id=turn_id, outcome=outcome, recorder=recorder
+                conversation, turn_id=turn_id, outcome=outcome, recorder=recorder, new=new
             )
             if idempotency is not None:
                 await idempotency.complete(
@@ -1144,10 +1144,17 @@ class ConversationService:
             )
 
     async def _persist(
-        self, conversation: Conversation, *, turn_id: str, outcome: TurnOutcome, recorder: TurnRecorder
+        self,
+        conversation: Conversation,
+        *,
+        turn_id: str,
+        outcome: TurnOutcome,
+        recorder: TurnRecorder,
+        new: bool = False,
     ) -> tuple[schemas.TurnOut, list[dict[str, Any]]]:
         """Phase 3: messages, the turn, the snapshot, totals and the turn's last events (its end
-        event included), in the session's transaction; the event rows to publish once committed."""
+        event included), in the session's transaction; the event rows to publish once committed.
+        ``new``: the first turn of a conversation created by this request (neither is stored yet)."""
         await recorder.stop_writing()  # before this transaction takes the store's write lock
         now = utcnow()
         seq = conversation.next_seq
@@ -1167,18 +1174,17 @@ class ConversationService:
         usage = outcome.usage
         version = conversation.version + 1
         error = _error_json(outcome.error)
-        row = await self.session.get(Turn, turn_id)
-        if row is None:
-            row = Turn(id=turn_id, conversation_id=conversation.id, created_at=now, started_at=now)
-            self.session.add(row)
-        row.status = outcome.status
-        row.output = outcome.output
-        row.error = error
-        row.usage = _usage_json(usage)
-        row.warnings = list(outcome.warnings)
-        row.version = version
-        row.finished_at = now
-        row.lease_owner = row.lease_expires_at = None
+        finished: dict[str, Any] = {
+            "status": outcome.status,
+            "output": outcome.output,
+            "error": error,
+            "usage": _usage_json(usage),
+            "warnings": list(outcome.warnings),
+            "version": version,
+            "finished_at": now,
+            "lease_owner": None,
+            "lease_expires_at": None,
+        }
         conversation.next_seq = seq
         conversation.version = version
         conversation.snapshot = outcome.snapshot
@@ -1206,6 +1212,19 @@ class ConversationService:
             for file_id, png in zip(part.files, message.images, strict=True)
         )
         try:
+            # The conversation's update (its version checked) is flushed first, then the turn's.
+            row = None if new else await self.repo.finish_turn(turn_id=turn_id, values=finished)
+            if row is None:  # a new conversation's first turn, stored with it
+                row = Turn(
+                    id=turn_id,
+                    conversation_id=conversation.id,
+                    background=False,
+                    cancel_requested_at=None,
+                    created_at=now,
+                    started_at=now,
+                    **finished,
+                )
+                self.session.add(row)
             await self.session.flush()
             await self.repo.insert_messages(messages)
         except StaleDataError as exc:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import func, insert, select
+from sqlalchemy import Table, func, insert, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.models import Event
@@ -18,7 +18,9 @@ class EventRepository:
     async def append(self, rows: Sequence[dict[str, Any]]) -> None:
         """Insert events (dicts of the ``events`` columns) in one statement."""
         if rows:
-            await self.session.execute(insert(Event), list(rows))
+            await self.session.execute(
+                insert(cast(Table, Event.__table__)), list(rows)
+            )  # Core: one statement
 
     async def last_seq(self, *, conversation_id: str) -> int:
         """The highest stored seq of the conversation, 0 when it has none."""
