@@ -1195,8 +1195,10 @@ def _warm_up_values() -> dict[str, Any]:
 
 def warm_up() -> None:
     """Run a dry block through the real code path (journal-answered call, snapshot load and
-    dump, traceback, report encoding), so the first-use costs of the real block (page faults
-    on copy-on-write memory, lazy caches) are paid before the request arrives, not after."""
+    dump, traceback, report encoding) once in the worker, before it forks, so no block pays the
+    first-use costs (lazy imports and caches). Not again in each child: that would also pay its
+    copy-on-write faults ahead of the block (~0.3 ms of start latency saved) at ~1.3 ms of CPU
+    per block, which a loaded server needs more (bench/runtime_bench.py measures both)."""
     output = _OutputStream(None)
     saved = sys.stdout, sys.stderr, os.environ.get("HOME"), os.getcwd()
     sys.stdout = sys.stderr = output
@@ -1261,7 +1263,6 @@ def serve_one(*, channel: int, log_fd: int) -> int:
     signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
     signal.signal(signal.SIGXCPU, _on_limit_signal)
     signal.signal(signal.SIGALRM, _on_limit_signal)
-    warm_up()
     output = _OutputStream(1)
     sys.stdout = sys.stderr = output
     reserve = mmap.mmap(-1, _RESERVE_BYTES)
