@@ -34,6 +34,12 @@ TURN_SECONDS = Histogram(
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
 )
 BLOCKS = Counter("sabre_blocks_total", "Sandbox blocks run, by outcome.", ["outcome"])
+BLOCK_PROCESSES = Counter(
+    "sabre_block_processes_total",
+    "Sandbox blocks by the process they ran in: fresh (a new fork replaying the journal), live (the "
+    "process the conversation's last block left), resumed (its paused block, continued in place).",
+    ["process"],
+)
 BLOCK_SECONDS = Histogram(
     "sabre_block_seconds",
     "Time a block spent in the sandbox.",

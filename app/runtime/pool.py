@@ -55,7 +55,7 @@ from app.runtime.protocol import (
     FrameError,
     encode_frame,
 )
-from app.runtime.schemas import BlockOutcome, JournalEntry, Limits, SandboxTool
+from app.runtime.schemas import BlockOutcome, BlockProcess, JournalEntry, Limits, SandboxTool
 from app.runtime.worker_process import WorkerProcess, worker_env
 
 logger = logging.getLogger(__name__)
@@ -498,9 +498,11 @@ class RuntimePool:
         started = time.perf_counter()
         bound = self._take_bound(workdir)
         exchange: Exchange | None = None
+        process: BlockProcess = "fresh"
         if bound is not None and bound.exchange is not None:
             if bound.resumed_by(code=code, limits=limits, journal=journal):
                 worker, exchange, blocks = bound.worker, bound.exchange, bound.blocks
+                process = "resumed"
                 running = exchange.resume(journal[-1], on_call=on_call)
             else:
                 self._background(self._release(bound))
@@ -515,6 +517,7 @@ class RuntimePool:
                     worker, limits=limits, names=names, journal=journal, on_call=on_call, local=sandbox_tools
                 )
                 keep = self._keeps(blocks)
+                process = "live"
                 running = exchange.run(
                     block.encode(keep=keep, live_pid=worker.child_pid), keep=keep, live_run=True
                 )
@@ -533,7 +536,7 @@ class RuntimePool:
                 outcome = await running
             except LiveGone:
                 # The live process died between blocks: its worker has a fresh child now.
-                blocks = 1
+                blocks, process = 1, "fresh"
                 exchange = self._exchange(
                     worker, limits=limits, names=names, journal=journal, on_call=on_call, local=sandbox_tools
                 )
@@ -552,6 +555,7 @@ class RuntimePool:
                 journal=exchange.journal,
                 pending=None,
                 duration_ms=(time.perf_counter() - started) * 1e3,
+                process=process,
             )
         except BaseException:
             self._retire(worker)
@@ -573,8 +577,10 @@ class RuntimePool:
                 more_pending=[],
                 duration_ms=(time.perf_counter() - started) * 1e3,
                 figures=[],
+                process=process,
             )
         outcome.duration_ms = (time.perf_counter() - started) * 1e3
+        outcome.process = process
         if exchange.live:
             kept = outcome.snapshot if outcome.snapshot is not None else state
             self._bind(workdir, Bound(worker=worker, limits=limits, blocks=blocks, state=kept))

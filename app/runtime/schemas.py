@@ -104,6 +104,9 @@ class JournalEntry(BaseModel):
         return cls(name=call.name, digest=call.digest(), value=reply.value)
 
 
+BlockProcess = Literal["fresh", "live", "resumed"]
+
+
 class BlockOutcome(BaseModel):
     """How one block ended, and what it left for the next one.
 
@@ -124,6 +127,9 @@ class BlockOutcome(BaseModel):
     - ``figures``: PNG images of the matplotlib figures the block left open (then closed), for
       ``ok`` and ``error`` outcomes: at most 10 of at most 5 MB each, each checked to start with
       the PNG signature (never decoded by the parent).
+    - ``process``: where it ran: ``fresh`` (a new fork, restoring the snapshot and replaying the
+      journal), ``live`` (the process its conversation's last block left live) or ``resumed`` (its
+      own paused block, continued in the process that kept it).
     """
 
     status: Literal["ok", "error", "limit", "suspended"]
@@ -138,6 +144,7 @@ class BlockOutcome(BaseModel):
     duration_ms: float
     figures: list[bytes] = Field(default_factory=list)  # PNG images of the figures the block left open
     more_pending: list[HelperCall] = Field(default_factory=list)
+    process: BlockProcess = "fresh"
 
     @property
     def all_pending(self) -> list[HelperCall]:

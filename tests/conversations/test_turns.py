@@ -259,8 +259,10 @@ async def test_metrics_count_turns_and_blocks(client: httpx.AsyncClient, llm: Sc
     after = (await client.get("/metrics")).text
     completed = 'sabre_turns_total{model="scripted-model",outcome="completed",persona="default"}'
     ok_blocks = 'sabre_blocks_total{outcome="ok"}'
+    fresh = 'sabre_block_processes_total{process="fresh"}'
     assert value(after, completed) == value(before, completed) + 1
     assert value(after, ok_blocks) == value(before, ok_blocks) + 1
+    assert value(after, fresh) == value(before, fresh) + 1  # a new conversation's block: a new fork
 
 
 async def test_sabre_call_runs_a_sub_conversation(make_client: AppFactory, llm: ScriptedLLM) -> None:

@@ -61,6 +61,7 @@ async def test_the_next_block_runs_in_the_same_process_with_its_objects(
     assert second.results[0] == first.results[0]  # the same object, not an unpickled copy
     assert second.results[1] == "[1, 2, 3]"
     assert second.results[2] == first.results[1]  # the same process
+    assert (first.process, second.process) == ("fresh", "live")
     assert second.snapshot is not None  # still written after every block
 
 
@@ -74,6 +75,7 @@ async def test_a_snapshot_from_elsewhere_starts_a_fresh_process(live: RuntimePoo
     assert second.status == "ok", second.error
     assert second.results[0] == "2"
     assert second.results[1] != first.results[0]
+    assert second.process == "fresh"
 
 
 async def test_a_live_process_never_serves_another_conversation(live: RuntimePool, workspaces: Path) -> None:

@@ -60,6 +60,7 @@ async def test_a_resume_continues_the_live_process(parking: RuntimePool, tmp_pat
     assert parking.idle_workers == 1  # the other worker still serves new blocks
     resumed = await run(parking, CODE, workdir=tmp_path, tools={"lookup": ["order_id"]}, journal=journal)
     assert resumed.status == "ok", resumed.error
+    assert resumed.process == "resumed"
     assert resumed.results == ['{"status": "shipped"}', "1"]  # the block ran once, not twice
     assert [e.name for e in resumed.journal] == ["lookup"]
     assert resumed.snapshot is not None
@@ -85,6 +86,7 @@ async def test_a_different_journal_replays_instead(parking: RuntimePool, tmp_pat
     await pause(parking, tmp_path)
     other = JournalEntry(name="lookup", digest="0" * 64, value="x")
     replayed = await run(parking, CODE, workdir=tmp_path, tools={"lookup": ["order_id"]}, journal=[other])
+    assert replayed.process == "fresh"
     assert replayed.status == "error"
     assert replayed.error is not None
     assert "ReplayDivergenceError" in replayed.error
