@@ -209,29 +209,22 @@ def test_sabre_serve_refuses_in_one_line(tmp_path: Path) -> None:
     assert "No API keys are configured" in lines[0]
 
 
-@pytest.mark.parametrize(
-    ("command", "env", "expected"),
-    [
-        (  # a field's own check comes first; the block limits are checked once the fields pass
-            "serve",
-            {"SABRE_BLOCK_CPU_SECONDS": "0", "SABRE_RUNTIME_WORKERS": "0", "SABRE_MODEL": "m"},
-            "sabre: SABRE_RUNTIME_WORKERS: Input should be greater than or equal to 1",
-        ),
-        (
-            "migrate",
-            {"SABRE_BLOCK_CPU_SECONDS": "0"},
-            "sabre: SABRE_BLOCK_CPU_SECONDS: Input should be greater than 0",
-        ),
-    ],
-)
-def test_a_setting_out_of_range_is_one_line_naming_it(
-    tmp_path: Path, command: str, env: dict[str, str], expected: str
-) -> None:
+def test_a_setting_out_of_range_is_one_line_naming_it(tmp_path: Path) -> None:
     """Any command: a bad SABRE_* value is named in one line per problem, status 2, no traceback."""
-    done = _sabre(command, env=env, tmp_path=tmp_path)
+    done = _sabre(
+        "serve",
+        env={"SABRE_BLOCK_CPU_SECONDS": "0", "SABRE_RUNTIME_WORKERS": "0", "SABRE_MODEL": "m"},
+        tmp_path=tmp_path,
+    )
     lines = (done.stdout + done.stderr).splitlines()
     assert done.returncode == 2, lines
-    assert lines == [expected], lines
+    assert sorted(lines) == [
+        "sabre: SABRE_RUNTIME_WORKERS: Input should be greater than or equal to 1",
+    ], lines
+    done = _sabre("migrate", env={"SABRE_BLOCK_CPU_SECONDS": "0"}, tmp_path=tmp_path)
+    lines = (done.stdout + done.stderr).splitlines()
+    assert done.returncode == 2, lines
+    assert lines == ["sabre: SABRE_BLOCK_CPU_SECONDS: Input should be greater than 0"], lines
 
 
 def test_sabre_migrate_with_a_bad_url_says_so_in_one_line(tmp_path: Path) -> None:
