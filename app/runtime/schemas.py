@@ -10,11 +10,9 @@ from app.runtime.protocol import call_digest
 
 
 class Limits(BaseModel):
-    """Resource limits of one block; authority comes from the server, never from the code.
-    The one definition: the service's (``SABRE_BLOCK_<NAME>``, ``Settings.block_limits``) and a
-    persona's overrides (``personas.models.Limits``) name the same fields (tested)."""
+    """Resource limits of one block; authority comes from the server, never from the code."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid")
 
     cpu_seconds: float = Field(default=10, gt=0)
     memory_mb: int = Field(default=2048, gt=0)
