@@ -91,11 +91,10 @@ class ConversationRepository:
         return [(row[0], row[1]) for row in result]
 
     async def insert_messages(self, rows: Sequence[dict[str, Any]]) -> None:
-        """Insert many messages in one statement."""
+        """Insert many messages in one statement (through Core: the ORM's bulk path splits a
+        batch into one statement per set of None columns)."""
         if rows:
-            await self.session.execute(
-                insert(cast(Table, Message.__table__)), list(rows)
-            )  # Core: one statement
+            await self.session.execute(insert(cast(Table, Message.__table__)), list(rows))
 
     def add_all(self, rows: Sequence[Message | Turn]) -> None:
         """Stage new messages and turns."""

@@ -16,11 +16,10 @@ class EventRepository:
         self.session = session
 
     async def append(self, rows: Sequence[dict[str, Any]]) -> None:
-        """Insert events (dicts of the ``events`` columns) in one statement."""
+        """Insert events (dicts of the ``events`` columns) in one statement (through Core: the
+        ORM's bulk path splits a batch into one statement per set of None columns)."""
         if rows:
-            await self.session.execute(
-                insert(cast(Table, Event.__table__)), list(rows)
-            )  # Core: one statement
+            await self.session.execute(insert(cast(Table, Event.__table__)), list(rows))
 
     async def last_seq(self, *, conversation_id: str) -> int:
         """The highest stored seq of the conversation, 0 when it has none."""

@@ -9,11 +9,19 @@ import fnmatch
 import io
 import os
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
 import pandas as pd
 
-from app.runtime.library import _ASK_INSTRUCTIONS, _DESCRIPTION_CHARS, _confined, _current
+from app.runtime.library import _confined, _current
+
+_DESCRIPTION_CHARS: Final = 12_000
+_ASK_INSTRUCTIONS: Final = (
+    "Above is a description of a pandas DataFrame: its shape, columns and dtypes, first rows and "
+    "summary statistics. Answer the question below from it; be concise and specific (name columns "
+    "and values). If the description is not enough to answer, say what to compute instead.\n"
+    "Question: {question}"
+)
 
 
 class BoundFrame(pd.DataFrame):

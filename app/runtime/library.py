@@ -41,13 +41,6 @@ DEFAULT_TIMEOUT_SECONDS: Final = 60.0
 # How often Bash.execute looks whether the shell has exited while a background job keeps the
 # output pipe open (the common case, a command that ends, is noticed at once by EOF).
 _EXIT_POLL_SECONDS: Final = 0.05
-_DESCRIPTION_CHARS: Final = 12_000
-_ASK_INSTRUCTIONS: Final = (
-    "Above is a description of a pandas DataFrame: its shape, columns and dtypes, first rows and "
-    "summary statistics. Answer the question below from it; be concise and specific (name columns "
-    "and values). If the description is not enough to answer, say what to compute instead.\n"
-    "Question: {question}"
-)
 
 
 class Host(Protocol):
