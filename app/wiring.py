@@ -242,7 +242,11 @@ async def _open_store(settings: Settings) -> tuple[AsyncEngine, int]:
             if settings.is_sqlite:
                 # The embedded store upgrades itself; PostgreSQL is upgraded with `sabre migrate`.
                 await migrate.upgrade(url)
-            engine = create_engine(url, pre_ping=settings.database_pre_ping)
+            engine = create_engine(
+                url,
+                pre_ping=settings.database_pre_ping,
+                idle_transaction_seconds=settings.lock_lease_seconds,
+            )
             async with engine.connect() as connection:
                 problem = None if settings.is_sqlite else await connection.run_sync(migrate.schema_problem)
             if problem is not None:

@@ -557,8 +557,9 @@ class ConversationService:
             if not new:
                 history = await self.repo.history(conversation_id=conversation.id)
                 self.session.add(self._turn_row(conversation, turn_id=turn_id, status="running"))
-                # Phase 1 ends: release the connection while the model and the sandbox work.
-                await self.session.commit()
+            # Phase 1 ends: release the connection while the model and the sandbox work (a new
+            # conversation wrote nothing yet, but the request may have read, e.g. its API key).
+            await self.session.commit()
             outcome = await self._watched_loop(
                 conversation,
                 turn_id=turn_id,

@@ -59,10 +59,19 @@ class Base(DeclarativeBase):
     }
 
 
-def create_engine(url: str, *, pre_ping: bool = False) -> AsyncEngine:
+APPLICATION_NAME = "sabre"
+
+
+def create_engine(
+    url: str, *, pre_ping: bool = False, idle_transaction_seconds: float | None = None
+) -> AsyncEngine:
     """An async engine tuned for the store behind ``url`` (SQLite: WAL + foreign keys).
 
     ``pre_ping`` (PostgreSQL): test every connection at checkout, at three round trips each.
+    ``idle_transaction_seconds`` (PostgreSQL): the server ends a transaction of ours left idle
+    this long. The service passes its lease: a process frozen (a paused VM) or cut off in the
+    middle of a transaction has lost its turn by then, and its locks (a row, an unfinished
+    insert of the turn's next events) must not stop the process that took the turn over.
     """
     if url.startswith("sqlite"):
         engine = create_async_engine(url, connect_args={"timeout": 30})
@@ -76,7 +85,19 @@ def create_engine(url: str, *, pre_ping: bool = False) -> AsyncEngine:
             cursor.close()
 
         return engine
-    engine = create_async_engine(url, pool_size=20, max_overflow=10, pool_pre_ping=pre_ping)
+    # Named in pg_stat_activity (the job engine's connections are not ours).
+    server_settings = {"application_name": APPLICATION_NAME}
+    if idle_transaction_seconds is not None:
+        server_settings["idle_in_transaction_session_timeout"] = str(
+            max(1, int(idle_transaction_seconds * 1000))
+        )
+    engine = create_async_engine(
+        url,
+        pool_size=20,
+        max_overflow=10,
+        pool_pre_ping=pre_ping,
+        connect_args={"server_settings": server_settings},
+    )
 
     @event.listens_for(engine.sync_engine, "checkout")
     def _drop_closed(_dbapi_connection: Any, record: Any, _proxy: Any) -> None:

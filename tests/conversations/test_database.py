@@ -4,13 +4,19 @@ that meets it gets a retryable 503, the next one is served, and nothing earlier 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import asyncpg
+import httpx
 import pytest
+from sqlalchemy import delete, text
 from sqlalchemy.exc import DBAPIError
 
-from app.llm.scripted import RecordedRequest, ScriptedLLM
+from app.auth.service import create_key
+from app.kit.db import APPLICATION_NAME, create_engine, create_sessionmaker
+from app.llm.scripted import RecordedRequest, Reply, ScriptedLLM
+from app.models import ApiKey
 from tests.conftest import AppFactory
 from tests.conversations.test_external_tools import GET_ORDER, block
 
@@ -130,3 +136,78 @@ async def test_a_resume_survives_the_database_ending_connections_midway(
     assert cuts[0] >= 1
     assert state["status"] == "idle"
     assert state["pending_tool_calls"] == []
+
+
+@pytest.mark.parametrize("store", ["postgres"], indirect=True)
+async def test_no_connection_is_held_while_a_new_conversation_thinks(
+    make_client: AppFactory, llm: ScriptedLLM, postgres_url: str
+) -> None:
+    """A create authenticated by a stored key reads the key in the request's transaction; that
+    transaction must end before the model is called (a turn holds no connection while the model
+    thinks), or every slow first turn pins a pooled connection idle in transaction."""
+    llm.script(Reply(text="slow answer", delay=1.5))
+    engine = create_engine(postgres_url)
+    try:
+        async with create_sessionmaker(engine)() as session, session.begin():
+            key = await create_key(session, tenant="idle")
+        try:
+            response, idle = await _create_while_watching(make_client, llm, postgres_url, key.secret)
+        finally:  # the session's database is shared: other tests expect no stored key
+            async with engine.begin() as connection:
+                await connection.execute(delete(ApiKey).where(ApiKey.id == key.id))
+    finally:
+        await engine.dispose()
+    assert response.status_code == 201, response.text
+    assert response.json()["output"] == "slow answer"
+    assert [row["query"] for row in idle] == []
+
+
+async def _create_while_watching(
+    make_client: AppFactory, llm: ScriptedLLM, postgres_url: str, secret: str
+) -> tuple[httpx.Response, list[Any]]:
+    """POST a create with ``secret`` and, while the model thinks, list our connections that are
+    idle in a transaction."""
+    dsn = postgres_url.replace("postgresql+asyncpg://", "postgresql://")
+    async with make_client() as client:
+        turn = asyncio.create_task(
+            client.post(
+                "/v1/conversations",
+                json={"input": "take your time"},
+                headers={"Authorization": f"Bearer {secret}"},
+            )
+        )
+        await _until(lambda: len(llm.requests) == 1)
+        admin = await asyncpg.connect(dsn)
+        try:
+            idle = await admin.fetch(
+                "SELECT query FROM pg_stat_activity WHERE datname = current_database() "
+                "AND state = 'idle in transaction' AND application_name = $1",
+                APPLICATION_NAME,
+            )
+        finally:
+            await admin.close()
+        return await turn, list(idle)
+
+
+async def _until(condition: Callable[[], bool], within: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + within
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("store", ["postgres"], indirect=True)
+async def test_a_transaction_left_idle_past_the_lease_is_ended_by_the_server(make_client: AppFactory) -> None:
+    """A process frozen mid-transaction (a paused VM) must not hold its locks past its lease,
+    when another process has taken its turn over: the server ends the transaction."""
+    async with make_client(lock_lease_seconds=1.0) as client:
+        sessionmaker = client.app.state.sessionmaker  # type: ignore[attr-defined]
+        async with sessionmaker() as session:
+            await session.execute(text("SELECT 1"))
+            await asyncio.sleep(0.5)
+            await session.execute(text("SELECT 1"))  # within the lease: still there
+            await asyncio.sleep(1.5)
+            with pytest.raises(DBAPIError) as ended:
+                await session.execute(text("SELECT 1"))
+        assert "connection is closed" in str(ended.value)  # the server ended it
+        assert (await client.get("/readyz")).status_code == 200  # the pool goes on with a new one
