@@ -270,8 +270,21 @@ def personas_prompt(name: Annotated[str, typer.Argument(help="The persona whose 
 
 
 def main() -> None:
-    """Console-script entry point."""
-    cli()
+    """Console-script entry point. A setting the environment got wrong (``Settings()`` refused it)
+    is one line per problem, naming the variable, not a traceback."""
+    from pydantic import ValidationError
+
+    try:
+        cli()
+    except ValidationError as exc:
+        if exc.title != "Settings":
+            raise
+        for error in exc.errors():
+            name = f"SABRE_{error['loc'][0]}".upper() if error["loc"] else "settings"
+            message = str(error["msg"]).removeprefix("Value error, ")
+            line = message if message.startswith("SABRE_") else f"{name}: {message}"
+            typer.echo(f"sabre: {line}", err=True)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

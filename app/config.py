@@ -8,8 +8,10 @@ from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from app.runtime.schemas import Limits
 
 
 def _xdg_data_home() -> Path:
@@ -208,6 +210,23 @@ class Settings(BaseSettings):
     def workspaces_dir(self) -> Path:
         """Parent of the per-conversation working directories of the sandbox."""
         return self.data_dir / "workspaces"
+
+    @model_validator(mode="after")
+    def _check_block_limits(self) -> Settings:
+        """``SABRE_BLOCK_*`` are the runtime's ``Limits``: a value it refuses is a start-up
+        error, not a failure of every turn."""
+        try:
+            self.block_limits  # noqa: B018 -- built (and cached) to be checked
+        except ValidationError as exc:
+            problems = "; ".join(f"SABRE_BLOCK_{e['loc'][0]}".upper() + f": {e['msg']}" for e in exc.errors())
+            raise ValueError(problems) from None
+        return self
+
+    @cached_property
+    def block_limits(self) -> Limits:
+        """The service's limits of one block: ``block_<name>`` for each field of ``Limits``
+        (a persona may override some: ``app.conversations.service``)."""
+        return Limits(**{name: getattr(self, f"block_{name}") for name in Limits.model_fields})
 
     @property
     def preload_modules(self) -> tuple[str, ...]:

@@ -15,10 +15,14 @@ from typing import Any
 
 import asyncpg
 import pytest
+from pydantic import ValidationError
 
 from app.config import Settings
 from app.kit.migrate import MIGRATION_LOCK_KEY, upgrade
 from app.main import StartupError, create_app
+from app.personas.models import Limits as PersonaOverrides
+from app.personas.schemas import PersonaLimits
+from app.runtime import Limits
 from tests.conftest import PG_URL, _asyncpg_dsn, _unavailable
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,6 +82,32 @@ def test_empty_optional_settings_are_unset(monkeypatch: pytest.MonkeyPatch) -> N
     # An empty list-like setting keeps its meaning (no modules to preload).
     monkeypatch.setenv("SABRE_RUNTIME_PRELOAD", "")
     assert Settings().preload_modules == ()
+
+
+def test_block_limits_are_one_concept() -> None:
+    """The service's block limits (SABRE_BLOCK_<NAME>), a persona's overrides and the persona API
+    name exactly the runtime's Limits fields: a limit added to one is added to all."""
+    fields = set(Limits.model_fields)
+    assert {
+        name.removeprefix("block_") for name in Settings.model_fields if name.startswith("block_")
+    } == fields
+    assert set(PersonaOverrides.model_fields) == fields
+    assert set(PersonaLimits.model_fields) == fields
+    assert Settings(block_disk_files=7).block_limits == Limits(disk_files=7)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("SABRE_BLOCK_CPU_SECONDS", "0"), ("SABRE_BLOCK_MEMORY_MB", "-1"), ("SABRE_BLOCK_STDOUT_BYTES", "0")],
+)
+def test_a_block_limit_the_runtime_refuses_is_a_start_up_error(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    """Not a failure of every turn later: the setting is named when the service starts."""
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ValidationError) as caught:
+        Settings()
+    assert variable in str(caught.value)
 
 
 async def test_no_model_refuses_to_start(tmp_path: Path) -> None:
@@ -177,6 +207,31 @@ def test_sabre_serve_refuses_in_one_line(tmp_path: Path) -> None:
     assert len(lines) == 1, lines
     assert "startup_refused" in lines[0]
     assert "No API keys are configured" in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("command", "env", "expected"),
+    [
+        (  # a field's own check comes first; the block limits are checked once the fields pass
+            "serve",
+            {"SABRE_BLOCK_CPU_SECONDS": "0", "SABRE_RUNTIME_WORKERS": "0", "SABRE_MODEL": "m"},
+            "sabre: SABRE_RUNTIME_WORKERS: Input should be greater than or equal to 1",
+        ),
+        (
+            "migrate",
+            {"SABRE_BLOCK_CPU_SECONDS": "0"},
+            "sabre: SABRE_BLOCK_CPU_SECONDS: Input should be greater than 0",
+        ),
+    ],
+)
+def test_a_setting_out_of_range_is_one_line_naming_it(
+    tmp_path: Path, command: str, env: dict[str, str], expected: str
+) -> None:
+    """Any command: a bad SABRE_* value is named in one line per problem, status 2, no traceback."""
+    done = _sabre(command, env=env, tmp_path=tmp_path)
+    lines = (done.stdout + done.stderr).splitlines()
+    assert done.returncode == 2, lines
+    assert lines == [expected], lines
 
 
 def test_sabre_migrate_with_a_bad_url_says_so_in_one_line(tmp_path: Path) -> None:

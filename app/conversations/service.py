@@ -1296,19 +1296,7 @@ class ConversationService:
 
     def _limits(self, persona: Persona) -> Limits:
         """The service's block limits, with the persona's own where it sets them."""
-        s = self.settings
-        limits = Limits(
-            cpu_seconds=s.block_cpu_seconds,
-            memory_mb=s.block_memory_mb,
-            wall_clock_seconds=s.block_wall_clock_seconds,
-            stdout_bytes=s.block_stdout_bytes,
-            max_processes=s.block_max_processes,
-            file_size_mb=s.block_file_size_mb,
-            open_files=s.block_open_files,
-            snapshot_bytes=s.block_snapshot_bytes,
-            disk_mb=s.block_disk_mb,
-            disk_files=s.block_disk_files,
-        )
+        limits = self.settings.block_limits
         if persona.limits is None:
             return limits
         return limits.model_copy(update=persona.limits.model_dump(exclude_none=True))

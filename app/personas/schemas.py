@@ -29,12 +29,18 @@ class CustomToolOut(BaseModel):
 
 
 class PersonaLimits(BaseModel):
-    """Per-block sandbox limits; `null` means the service's default."""
+    """Per-block sandbox limits; `null` means the service's default (`SABRE_BLOCK_<NAME>`)."""
 
     cpu_seconds: float | None
     memory_mb: int | None
     wall_clock_seconds: float | None
     stdout_bytes: int | None
+    max_processes: int | None
+    file_size_mb: int | None
+    open_files: int | None
+    snapshot_bytes: int | None
+    disk_mb: int | None
+    disk_files: int | None
 
 
 class PersonaNetwork(BaseModel):

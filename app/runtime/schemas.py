@@ -10,9 +10,11 @@ from app.runtime.protocol import call_digest
 
 
 class Limits(BaseModel):
-    """Resource limits of one block; authority comes from the server, never from the code."""
+    """Resource limits of one block; authority comes from the server, never from the code.
+    The one definition: the service's (``SABRE_BLOCK_<NAME>``, ``Settings.block_limits``) and a
+    persona's overrides (``personas.models.Limits``) name the same fields (tested)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     cpu_seconds: float = Field(default=10, gt=0)
     memory_mb: int = Field(default=2048, gt=0)

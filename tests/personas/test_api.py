@@ -85,7 +85,7 @@ async def test_user_personas_are_served(make_client: AppFactory, tmp_path: Path)
         "    description: Find a ticket.\n"
         "    execution_mode: internal\n"
         "    implementation: mcp://helpdesk/get_ticket\n"
-        "limits: {cpu_seconds: 5}\n"
+        "limits: {cpu_seconds: 5, disk_mb: 64}\n"
     )
     # The MCP server must be configured for the service to start; it is not contacted until a call.
     servers = tmp_path / "mcp_servers.yaml"
@@ -97,11 +97,18 @@ async def test_user_personas_are_served(make_client: AppFactory, tmp_path: Path)
         assert coder["identity"] == "You are my coder."
         support = (await c.get("/v1/personas/support")).json()
         assert support["custom_tools"][0]["implementation"] == "mcp"
+        # Every limit a persona may set is shown (the API once listed four of ten).
         assert support["limits"] == {
             "cpu_seconds": 5.0,
             "memory_mb": None,
             "wall_clock_seconds": None,
             "stdout_bytes": None,
+            "max_processes": None,
+            "file_size_mb": None,
+            "open_files": None,
+            "snapshot_bytes": None,
+            "disk_mb": 64,
+            "disk_files": None,
         }
 
 

@@ -1103,13 +1103,25 @@ export interface components {
         };
         /**
          * PersonaLimits
-         * @description Per-block sandbox limits; `null` means the service's default.
+         * @description Per-block sandbox limits; `null` means the service's default (`SABRE_BLOCK_<NAME>`).
          */
         PersonaLimits: {
             /** Cpu Seconds */
             cpu_seconds: number | null;
+            /** Disk Files */
+            disk_files: number | null;
+            /** Disk Mb */
+            disk_mb: number | null;
+            /** File Size Mb */
+            file_size_mb: number | null;
+            /** Max Processes */
+            max_processes: number | null;
             /** Memory Mb */
             memory_mb: number | null;
+            /** Open Files */
+            open_files: number | null;
+            /** Snapshot Bytes */
+            snapshot_bytes: number | null;
             /** Stdout Bytes */
             stdout_bytes: number | null;
             /** Wall Clock Seconds */
