@@ -4,7 +4,7 @@ Serves ``app.llm.scripted`` on a port with a responder that reads the mock domai
 - a request of tau2's user simulator (its system prompt holds the task's ``<scenario>``) gets an
   opening naming the task, ``(ref: TASK_ID)``, then ``###STOP###`` once it has spoken; a scenario
   that tells the user to call ``check_notifications`` first and ``dismiss_notification`` at the end
-  gets those as tool calls (bench/scripted_tool_calls.py);
+  gets those as tool calls (``Reply.tool_calls``);
 - a request of SABRE (its system prompt teaches ``<helpers>``) for the task the latest ``ref`` names
   gets a block that looks the users up and makes the task's expected calls (``get_users`` and the
   writes: one after another, or in one ``parallel`` batch when the model asked for has "parallel" in
@@ -23,8 +23,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from app.llm.scripted import RecordedRequest, Reply
-from bench.scripted_tool_calls import ScriptedToolCall, ToolCallingScriptedLLM, ToolCallReply
+from app.llm.scripted import RecordedRequest, Reply, ScriptedLLM, ScriptedToolCall
 
 REF = re.compile(r"\(ref: ([A-Za-z0-9_\-]+)\)")
 NOTIFICATION = re.compile(r"notif_[A-Za-z0-9_]+")
@@ -98,14 +97,14 @@ class Responder:
         # The simulator's own lines are the "assistant" messages of its requests.
         spoke = any(REF.search(m.text) for m in request.messages if m.role == "assistant")
         if "check_notifications" in scenario and tools_used == 0:
-            return ToolCallReply(tool_calls=[ScriptedToolCall(name="check_notifications")])
+            return Reply(tool_calls=[ScriptedToolCall(name="check_notifications")])
         if spoke:
             found = NOTIFICATION.search(scenario)
             if "dismiss_notification" in scenario and found and tools_used < 2:
                 call = ScriptedToolCall(
                     name="dismiss_notification", arguments={"notification_id": found.group()}
                 )
-                return ToolCallReply(tool_calls=[call])
+                return Reply(tool_calls=[call])
             return f"Thank you, that is all. {STOP}"
         matches = [t for t in self.tasks.values() if _instructions(t) and _instructions(t) in scenario]
         if not matches:
@@ -143,7 +142,7 @@ def main() -> None:
     parser.add_argument("--tasks", type=Path, required=True)
     args = parser.parse_args()
     responder = Responder(json.loads(args.tasks.read_text()))
-    with ToolCallingScriptedLLM(responder=responder, port=args.port) as server:
+    with ScriptedLLM(responder=responder, port=args.port) as server:
         print(f"tau2 scripted model at {server.base_url}", flush=True)
         with contextlib.suppress(KeyboardInterrupt):
             threading.Event().wait()

@@ -10,9 +10,10 @@ Run (the LangGraph build needs the ``bench`` dependency group)::
 What it starts: two fresh PostgreSQL databases (``sabre_bench_<hex>``, migrated, for SABRE and the
 floor; ``sabre_bench_lg_<hex>`` for LangGraph's checkpointer; both dropped at the end), one scripted
 OpenAI-compatible model inside this process that answers instantly (its replies are chosen by a
-responder from a scenario tag in the conversation's first user message; ``bench/scripted_tool_calls.py``
-lets it answer with Chat Completions tool calls too), and three servers, each in its own process with
-the same number of server processes (``--web-workers``, default 1) and uvicorn's auto loop:
+responder from a scenario tag in the conversation's first user message; a ``Reply`` with
+``tool_calls`` answers with Chat Completions tool calls, as the LangGraph build's model asks), and three
+servers, each in its own process with the same number of server processes (``--web-workers``, default
+1) and uvicorn's auto loop:
 
 - SABRE: ``python -m app.cli serve``, PostgreSQL + Redis, ``--runtime-workers`` sandbox workers (2);
 - the LangGraph build (``bench/langgraph_app.py``): FastAPI + a LangGraph ``StateGraph`` whose external
@@ -63,8 +64,7 @@ import httpx
 import numpy as np
 
 from app.kit.migrate import upgrade
-from app.llm.scripted import RecordedRequest, Reply
-from bench.scripted_tool_calls import ScriptedToolCall, ToolCallingScriptedLLM, ToolCallReply
+from app.llm.scripted import RecordedRequest, Reply, ScriptedLLM, ScriptedToolCall
 
 ROOT = Path(__file__).resolve().parents[1]
 ADMIN_DSN = os.environ.get("SABRE_BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -97,9 +97,7 @@ DF_BLOCK = (
 )
 WORK_BLOCK = 'order = get_order_details(order_id="1")\nprint(order["status"])'
 # The same request, the way the LangGraph build's model asks for it (a Chat Completions tool call).
-WORK_CALL = ToolCallReply(
-    tool_calls=[ScriptedToolCall(name="get_order_details", arguments={"order_id": "1"})]
-)
+WORK_CALL = Reply(tool_calls=[ScriptedToolCall(name="get_order_details", arguments={"order_id": "1"})])
 
 
 def loop_block(calls: int) -> str:
@@ -283,7 +281,7 @@ class Timed:
 
 @dataclass
 class Bench:
-    llm: ToolCallingScriptedLLM
+    llm: ScriptedLLM
     responder: Responder
     sabre: str
     floor: str
@@ -987,7 +985,7 @@ async def run(
     admin = await asyncpg.connect(ADMIN_DSN, timeout=5)
     servers: list[Server] = []
     responder = Responder()
-    llm = ToolCallingScriptedLLM(responder=responder)
+    llm = ScriptedLLM(responder=responder)
     tmp = tempfile.TemporaryDirectory(prefix="sabre_bench_")
     bench: Bench | None = None
     try:

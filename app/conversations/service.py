@@ -58,6 +58,7 @@ from app.personas.prompt import build_prompt
 from app.personas.service import sandbox_tool
 from app.personas.tooldoc import FunctionToolDoc
 from app.runtime import CallReply, Limits
+from app.runtime.protocol import RESERVED_NAMES as RUNTIME_NAMES
 from app.tools.mcp import McpManager
 from app.tools.registry import ToolDefinitionError, ToolRegistry, make_tool
 
@@ -1269,7 +1270,6 @@ class ConversationService:
                     name=custom.name,
                     description=custom.description,
                     parameters=custom.parameters,
-                    mode=custom.execution_mode,
                     handler=handler,
                     sandbox=sandbox,
                 )
@@ -1280,7 +1280,7 @@ class ConversationService:
                 warnings.append(
                     f"tool {definition['name']!r} from the request replaces the persona's tool of that name"
                 )
-            registry.register(make_tool(mode="external", **definition))
+            registry.register(make_tool(**definition))
             docs.append(FunctionToolDoc(**definition))
         return registry, warnings, docs
 
@@ -1483,9 +1483,7 @@ def _pending_out(paused: PausedBlock | None) -> list[schemas.PendingToolCall]:
 
 
 # Tool names may not shadow a helper, a helper group (``FS``, ``Search``…) or the runtime's own names.
-RESERVED_NAMES = (
-    frozenset(HELPERS) | {name.split(".", 1)[0] for name in HELPERS} | {"ToolError", "print", "result"}
-)
+RESERVED_NAMES = frozenset(HELPERS) | {name.split(".", 1)[0] for name in HELPERS} | RUNTIME_NAMES
 
 
 def _tool_definitions(tools: Sequence[schemas.ToolIn], *, field: str) -> list[dict[str, Any]]:
@@ -1499,7 +1497,6 @@ def _tool_definitions(tools: Sequence[schemas.ToolIn], *, field: str) -> list[di
                 name=definition.name,
                 description=definition.description,
                 parameters=definition.parameters,
-                mode="external",
                 reserved=RESERVED_NAMES,
             )
         except ToolDefinitionError as exc:

@@ -38,6 +38,6 @@ HELPERS: dict[str, HelperSpec] = {
         *sandbox_helpers.SPECS,
     )
 }
-PARENT_HELPERS: tuple[str, ...] = tuple(n for n, s in HELPERS.items() if s.runs == "parent")
+SERVICE_HELPERS: tuple[str, ...] = tuple(n for n, s in HELPERS.items() if s.runs == "service")
 
-__all__ = ["HELPERS", "PARENT_HELPERS", "HelperContext", "HelperError", "HelperSpec", "Usage"]
+__all__ = ["HELPERS", "SERVICE_HELPERS", "HelperContext", "HelperError", "HelperSpec", "Usage"]

@@ -56,12 +56,13 @@ HelperFn = Callable[[HelperContext, list[Any], dict[str, Any]], Awaitable[Any]]
 
 @dataclass(frozen=True, slots=True)
 class HelperSpec:
-    """A helper in the sandbox namespace: its signature and docs for the prompt, and where it runs."""
+    """A helper in the sandbox namespace: its signature and docs for the prompt, and who runs it
+    (the service, its ``handler``; or the sandbox: ``app.runtime.library``)."""
 
     name: str
     signature: str
     doc: str
-    runs: Literal["parent", "sandbox"]
+    runs: Literal["service", "sandbox"]
     handler: HelperFn | None = None
 
     def render(self) -> str:

@@ -197,7 +197,7 @@ Examples:
     print(person["name"], person["born"])
     total = llm_bind(invoice_text, "invoice_total(currency: str) -> float")
 """,
-    runs="parent",
+    runs="service",
     handler=llm_bind,
 )
 
@@ -246,7 +246,7 @@ Example:
     names = llm_list_bind(article, "the names of every company mentioned")
     rows = llm_list_bind(page_text, "each product as {name, price}", count=10)
 """,
-    runs="parent",
+    runs="service",
     handler=llm_list_bind,
 )
 

@@ -207,6 +207,6 @@ Example:
     path = Browser.screenshot("https://example.com", full_page=False)
     print(path)
 """,
-    runs="parent",
+    runs="service",
     handler=screenshot,
 )

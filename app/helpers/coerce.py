@@ -273,6 +273,6 @@ Example:
     df["revenue"] = [coerce(v, float) for v in df["revenue_text"]]
     when = coerce("5th of March 2024", "date")   # "2024-03-05"
 """,
-    runs="parent",
+    runs="service",
     handler=coerce,
 )

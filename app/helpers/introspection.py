@@ -41,6 +41,6 @@ full documentation of the helpers whose name or description mentions it.
 Example:
     print(helpers("csv"))
 """,
-    runs="parent",
+    runs="service",
     handler=helpers,
 )

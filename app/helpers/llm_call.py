@@ -61,6 +61,6 @@ what to do with them. Returns the model's answer as a string.
 Example:
     summary = llm_call([article_text], "Summarise in three bullet points")
 """,
-    runs="parent",
+    runs="service",
     handler=llm_call,
 )

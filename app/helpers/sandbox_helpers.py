@@ -2,7 +2,7 @@
 
 The implementations are in ``app.runtime.library`` (child-side: this module only documents them,
 so ``helpers()`` and the prompt builder can show them; the server never runs them). They are
-present in every block; the orchestrator passes only ``runs == "parent"`` names to the runtime.
+present in every block; the orchestrator passes only ``runs == "service"`` names to the runtime.
 ``FS.*`` and ``Bash.execute`` are journaled in the child: when a paused block runs again after
 its tool results arrive, they return what they returned the first time instead of running again.
 """

@@ -159,6 +159,6 @@ Example:
         print(r["title"], r["url"])
     pages = download(results[:2])
 """,
-    runs="parent",
+    runs="service",
     handler=search,
 )

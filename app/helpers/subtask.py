@@ -51,6 +51,6 @@ messy step out of this context; sub-tasks nest at most two deep.
 Example:
     report = sabre_call("Summarise the key risks in these filings, one line each", [filing_a, filing_b])
 """,
-    runs="parent",
+    runs="service",
     handler=sabre_call,
 )

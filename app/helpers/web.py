@@ -177,7 +177,7 @@ Example:
     text = Web.get("https://en.wikipedia.org/wiki/Python_(programming_language)")
     summary = llm_call(text, "Who created Python, and when?")
 """,
-    runs="parent",
+    runs="service",
     handler=web_get,
 )
 
@@ -223,7 +223,7 @@ Example:
     df = pd.read_csv(csv_path)
     print(df.shape, list(df.columns))
 """,
-    runs="parent",
+    runs="service",
     handler=web_download_csv,
 )
 
@@ -295,7 +295,7 @@ Example:
     ok = [p for p in pages if not p.get("error")]
     answer = llm_call(ok, "List the main discoveries, citing each page's url")
 """,
-    runs="parent",
+    runs="service",
     handler=download,
 )
 

@@ -49,6 +49,14 @@ GARBAGE_BODY: Final = b"<html><body>502 Bad Gateway</body></html>\ndata: {this i
 ScriptedApi = Literal["chat", "responses"]
 
 
+class ScriptedToolCall(BaseModel):
+    """One function call a reply asks for (Chat Completions ``tool_calls``), the way a function-calling
+    agent's model asks (SABRE's own model asks by writing code; the LangGraph bench build does not)."""
+
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
 class Reply(BaseModel):
     """One scripted reply.
 
@@ -59,6 +67,8 @@ class Reply(BaseModel):
     servers that do not implement chat `stop`; `disconnect_after` drops the connection after that
     many streamed text chunks, like a server dying mid-generation. A stream is written in one go
     (fastest, for benchmarks) unless `chunk_delay` paces its events like a model generating.
+    `tool_calls` makes the assistant message ask for those function calls (finish reason
+    `tool_calls`; chat completions only: the responses API answers 400).
     """
 
     text: str = ""
@@ -74,6 +84,7 @@ class Reply(BaseModel):
     """Extra response headers, e.g. `{"retry-after": "0.01"}` on a 429."""
     ignore_stop: bool = False
     disconnect_after: int | None = Field(default=None, ge=0)
+    tool_calls: list[ScriptedToolCall] = Field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -362,14 +373,22 @@ class _Handler(BaseHTTPRequestHandler):
             content_type = "text/event-stream" if request.stream else "application/json"
             self._send_bytes(200, GARBAGE_BODY, content_type, reply.headers)
             return
-        text, finish_reason = reply.text, "stop"
+        if reply.tool_calls and request.api != "chat":
+            self._send_error(400, "scripted LLM: tool-call replies are served on chat completions only")
+            return
+        text = reply.text
         if request.api == "chat" and not reply.ignore_stop:
             text = _cut_at_stop(text, request.stop)
+        calls = _wire_calls(reply.tool_calls)
         usage = _Usage(
             input_tokens=(
                 reply.input_tokens if reply.input_tokens is not None else len(request.all_text) // 4
             ),
-            output_tokens=reply.output_tokens if reply.output_tokens is not None else len(text) // 4,
+            output_tokens=(
+                reply.output_tokens
+                if reply.output_tokens is not None
+                else (len(text) + len(json.dumps(calls) if calls else "")) // 4
+            ),
         )
         model = request.model or "scripted"
         if request.api == "chat":
@@ -377,15 +396,15 @@ class _Handler(BaseHTTPRequestHandler):
                 include_usage = _include_usage(request.body)
                 events = _chat_events(
                     text,
+                    calls,
                     model=model,
                     usage=usage if include_usage else None,
                     chunk_size=reply.chunk_size,
-                    finish_reason=finish_reason,
                     disconnect_after=reply.disconnect_after,
                 )
                 self._send_stream(events, reply)
             else:
-                self._send_json(200, _chat_completion(text, model=model, usage=usage), reply.headers)
+                self._send_json(200, _chat_completion(text, calls, model=model, usage=usage), reply.headers)
         elif request.stream:
             events = _responses_events(
                 text,
@@ -494,16 +513,30 @@ def _chunks(text: str, size: int) -> list[str]:
     return [text[start : start + size] for start in range(0, len(text), size)]
 
 
+def _wire_calls(calls: list[ScriptedToolCall]) -> list[dict[str, Any]]:
+    """Chat Completions ``tool_calls`` (with the ``index`` a streamed delta carries)."""
+    return [
+        {
+            "index": index,
+            "id": _new_id("call"),
+            "type": "function",
+            "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
+        }
+        for index, call in enumerate(calls)
+    ]
+
+
 def _chat_events(
     text: str,
+    calls: list[dict[str, Any]],
     *,
     model: str,
     usage: _Usage | None,
     chunk_size: int,
-    finish_reason: str,
     disconnect_after: int | None,
 ) -> Iterator[bytes]:
-    """Chat Completions chunks: role, content pieces, finish reason, usage (if asked), [DONE]."""
+    """Chat Completions chunks: role, content pieces, tool calls, finish reason, usage (if asked),
+    [DONE]."""
     base = {
         "id": _new_id("chatcmpl"),
         "object": "chat.completion.chunk",
@@ -523,21 +556,27 @@ def _chat_events(
     if disconnect_after is not None:
         yield _HANG_UP
         return
-    yield chunk({}, finish_reason)
+    if calls:
+        yield chunk({"tool_calls": calls}, None)
+    yield chunk({}, "tool_calls" if calls else "stop")
     if usage is not None:
         yield _sse({**base, "choices": [], "usage": _chat_usage(usage)})
     yield b"data: [DONE]\n\n"
 
 
-def _chat_completion(text: str, *, model: str, usage: _Usage) -> dict[str, Any]:
-    message = {"role": "assistant", "content": text, "refusal": None}
+def _chat_completion(text: str, calls: list[dict[str, Any]], *, model: str, usage: _Usage) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+    if calls:
+        message["content"] = text or None
+        message["tool_calls"] = [{k: v for k, v in call.items() if k != "index"} for call in calls]
+    finish = "tool_calls" if calls else "stop"
     return {
         "id": _new_id("chatcmpl"),
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
         "system_fingerprint": None,
-        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": "stop"}],
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
         "usage": _chat_usage(usage),
     }
 

@@ -20,7 +20,7 @@ from typing import Any, Literal, TypeVar
 import structlog
 
 from app.events.recorder import TurnRecorder
-from app.helpers import HELPERS, PARENT_HELPERS, HelperContext, HelperError, Usage
+from app.helpers import HELPERS, SERVICE_HELPERS, HelperContext, HelperError, Usage
 from app.helpers.net import FetchLimits
 from app.kit import tracing
 from app.kit.clock import utcnow
@@ -228,15 +228,15 @@ class TurnLoop:
                             workdir=turn.workdir,
                             limits=turn.limits,
                             internal_helpers=[
-                                *PARENT_HELPERS,
-                                *(t.name for t in turn.tools.get_internal_tools()),
+                                *SERVICE_HELPERS,
+                                *(t.name for t in turn.tools.run_by("service")),
                             ],
-                            external_tools={t.name: t.param_names for t in turn.tools.get_external_tools()},
+                            external_tools={t.name: t.param_names for t in turn.tools.run_by("caller")},
                             journal=block.journal,
                             on_call=functools.partial(
                                 self._on_call, ctx, turn.tools, events=events, parent=block_event
                             ),
-                            sandbox_tools=turn.tools.get_sandbox_tools(),
+                            sandbox_tools=turn.tools.sandbox_tools(),
                         ),
                     ),
                     turn.cancel,
@@ -363,7 +363,7 @@ class TurnLoop:
     ) -> CallReply:
         """Answer a call the sandboxed code made (recording ``helper.started``/``completed`` around
         the parent-side ones; an external call is recorded as ``tool_calls.pending`` by the loop)."""
-        if call.kind == "external":
+        if call.runs == "caller":
             return await self._answer(ctx, tools, call)
         if events is None:
             return await tracing.traced("helper", {"sabre.helper": call.name}, self._answer(ctx, tools, call))
@@ -383,7 +383,7 @@ class TurnLoop:
 
     async def _answer(self, ctx: HelperContext, tools: ToolRegistry, call: HelperCall) -> CallReply:
         """Run a parent-side helper or tool, or say that an external call suspends the block."""
-        if call.kind == "external":
+        if call.runs == "caller":
             tool = tools.get(call.name)
             if tool is None:
                 return CallReply(kind="error", error_type="NameError", error_message=f"no tool {call.name!r}")

@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from app.personas.tooldoc import render_tool
+from app.runtime.schemas import Runner
 from app.tools.schema import compile_schema
 
 ExecutionMode = Literal["internal", "external"]
@@ -177,6 +178,12 @@ class CustomTool(_Strict):
     def ref(self) -> PythonRef | McpRef | None:
         """The parsed implementation (``None`` for external tools)."""
         return parse_implementation(self.implementation) if self.implementation else None
+
+    @property
+    def runs(self) -> Runner:
+        """Who runs it: the sandbox (a Python function), the service (an MCP tool) or the caller."""
+        ref = self.ref
+        return "caller" if ref is None else "sandbox" if ref.kind == "python" else "service"
 
     def render(self) -> str:
         """Prompt documentation: Python signature, description, parameters and returns."""

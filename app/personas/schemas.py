@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from app.runtime.schemas import Runner
+
 
 class ToolReturnsOut(BaseModel):
     type: str = Field(description="Python annotation of the return value, as the prompt shows it.")
@@ -18,7 +20,13 @@ class CustomToolOut(BaseModel):
     name: str
     description: str
     execution_mode: Literal["internal", "external"] = Field(
-        description="`internal`: the service runs it; `external`: the turn pauses for the caller to run it."
+        description="As the persona file says it: `internal` (SABRE runs it, see `runs`) or `external`."
+    )
+    runs: Runner = Field(
+        description=(
+            "Who runs it: `sandbox` (a Python function, next to the model's code), `service` (an MCP "
+            "server's tool, called by the service) or `caller` (the turn pauses for the caller to run it)."
+        )
     )
     implementation: Literal["python", "mcp"] | None = Field(
         description="How an internal tool is implemented (a Python function or an MCP server's tool)."

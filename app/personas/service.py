@@ -99,6 +99,7 @@ def _tool(tool: CustomTool) -> schemas.CustomToolOut:
         name=tool.name,
         description=tool.description,
         execution_mode=tool.execution_mode,
+        runs=tool.runs,
         implementation=ref.kind if ref else None,
         parameters=tool.parameters,
         returns=(

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 import structlog
 from pydantic import ValidationError
@@ -43,7 +43,15 @@ from app.runtime.protocol import (
     encode_frame,
     limit_label,
 )
-from app.runtime.schemas import BlockOutcome, CallReply, HelperCall, JournalEntry, Limits, SandboxTool
+from app.runtime.schemas import (
+    BlockOutcome,
+    CallReply,
+    CallRunner,
+    HelperCall,
+    JournalEntry,
+    Limits,
+    SandboxTool,
+)
 from app.runtime.worker_process import WorkerProcess
 
 logger = logging.getLogger(__name__)
@@ -101,7 +109,7 @@ class Exchange:
         *,
         worker: WorkerProcess,
         limits: Limits,
-        names: Mapping[str, Literal["internal", "external"]],
+        names: Mapping[str, CallRunner],
         journal: Sequence[JournalEntry],
         on_call: OnCall,
         local: frozenset[str] = frozenset(),
@@ -250,8 +258,10 @@ class Exchange:
 
     async def _answer(self, frame: CallFrame) -> None:
         call = frame.call
-        if self._names.get(call.name) != call.kind:
-            raise BlockFailed("error", f"SandboxError: call to an unknown {call.kind} {call.name!r}")
+        if self._names.get(call.name) != call.runs:
+            raise BlockFailed(
+                "error", f"SandboxError: call to {call.name!r}, which the {call.runs} does not run"
+            )
         last = self._step_batch(frame)
         # Calls reach the parent only once the whole journal has been replayed.
         self._replayed = len(self._replay)
@@ -300,7 +310,7 @@ class Exchange:
             if self._batch[1]:
                 raise BlockFailed("error", "SandboxError: a call in the middle of a parallel batch")
             return True
-        if frame.call.kind != "external" or index != self._batch[0] or index >= size:
+        if frame.call.runs != "caller" or index != self._batch[0] or index >= size:
             raise BlockFailed("error", "SandboxError: a parallel batch out of order")
         if self._batch[1] and size != self._batch[1]:
             raise BlockFailed("error", "SandboxError: a parallel batch changed its size")

@@ -33,7 +33,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 import structlog
 from pydantic import ValidationError
@@ -50,20 +50,19 @@ from app.runtime.frames import BlockFailed, ExitFrame, LiveGone
 from app.runtime.isolation import Backend, Identity, SandboxMode
 from app.runtime.protocol import (
     LIVE_MAX_BLOCKS,
+    RESERVED_NAMES,
     SANDBOX_GROUPS,
     SANDBOX_HELPERS,
     FrameError,
     encode_frame,
 )
-from app.runtime.schemas import BlockOutcome, BlockProcess, JournalEntry, Limits, SandboxTool
+from app.runtime.schemas import BlockOutcome, BlockProcess, CallRunner, JournalEntry, Limits, SandboxTool
 from app.runtime.worker_process import WorkerProcess, worker_env
 
 logger = logging.getLogger(__name__)
 log = structlog.get_logger(__name__)
 
 _PROJECT_ROOT: Final = Path(__file__).resolve().parents[2]
-# Names the runtime puts in every namespace; helpers and tools may not take them.
-RESERVED_NAMES: Final = frozenset({"result", "parallel", "ToolError", "print"})
 _START_TIMEOUT_SECONDS: Final = 120.0  # a cold first import of numpy+pandas+matplotlib is slow
 _CLOSE_TIMEOUT_SECONDS: Final = 10.0
 _MAX_RESPAWN_DELAY: Final = 30.0
@@ -481,9 +480,9 @@ class RuntimePool:
         if not workdir.is_absolute():
             raise ValueError(f"workdir must be an absolute path, not {workdir}")
         workdir = self._block_workdir(workdir)
-        names: dict[str, Literal["internal", "external"]] = {
-            **dict.fromkeys(internal_helpers, "internal"),
-            **dict.fromkeys(external_tools, "external"),
+        names: dict[str, CallRunner] = {
+            **dict.fromkeys(internal_helpers, "service"),
+            **dict.fromkeys(external_tools, "caller"),
         }
         state = snapshot or b""
         block = BlockRequest(
@@ -593,7 +592,7 @@ class RuntimePool:
         worker: WorkerProcess,
         *,
         limits: Limits,
-        names: Mapping[str, Literal["internal", "external"]],
+        names: Mapping[str, CallRunner],
         journal: Sequence[JournalEntry],
         on_call: OnCall,
         local: Sequence[SandboxTool],

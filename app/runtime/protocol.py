@@ -9,7 +9,7 @@ Frames, by direction (header fields after the tag):
 - parent -> child ``run {v, code, workdir, limits, helpers, tools, journal}``, blob = the
   snapshot to restore; ``journal`` entries are ``[name, digest, value]`` or, for a call that
   raised, ``[name, digest, null, error_type, error_message]``;
-- child -> parent ``call {digest, call, batch?}`` (a ``HelperCall``), answered by
+- child -> parent ``call {digest, call, batch?}`` (a ``HelperCall``: ``runs`` says who runs it), answered by
   parent -> child ``reply {kind, value, error_type, error_message}`` (a ``CallReply``);
   ``batch: [index, size]`` marks the calls of one ``parallel(...)`` (external tools only, sent in
   order, nothing else in between): an external call of a batch that would pause is answered
@@ -50,6 +50,14 @@ EXIT_EOF: Final = 75
 # A live process (one that stays bound to its conversation after a block: ``keep`` in the run
 # request, ``live`` in its done) runs at most this many blocks, then a fresh fork takes over.
 LIVE_MAX_BLOCKS: Final = 64
+# Names the runtime puts in every block's namespace: no helper or tool may take them.
+RESERVED_NAMES: Final = frozenset({"result", "parallel", "ToolError", "print"})
+# Who runs a helper or tool: one word set for helpers, tools, personas and the runtime. The
+# service (a helper such as llm_call, an MCP tool), the sandbox (FS.*, a persona's Python tool:
+# next to the code) or the caller (an external tool: calling one pauses the turn).
+Runner = Literal["service", "sandbox", "caller"]
+# Who runs a call the code makes that leaves the sandbox.
+CallRunner = Literal["service", "caller"]
 # The filename blocks are compiled with; tracebacks keep only frames from it.
 BLOCK_FILENAME: Final = "<helpers>"
 

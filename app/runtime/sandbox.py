@@ -47,6 +47,7 @@ from app.runtime.protocol import (
     MAX_RECORD_BYTES,
     MAX_RECORDS,
     PROTOCOL_VERSION,
+    CallRunner,
     LimitKind,
     bind_params,
     call_digest,
@@ -573,7 +574,7 @@ class _Block:
     def call(
         self,
         *,
-        kind: Literal["internal", "external"],
+        runs: CallRunner,
         name: str,
         params: Sequence[str],
         args: tuple[Any, ...],
@@ -584,7 +585,7 @@ class _Block:
         The replay path does only what the digest needs: a resume after 100 calls must cost
         little more than after one.
         """
-        strict = kind == "external"
+        strict = runs == "caller"
         try:
             json_args: list[Any] = to_json(args, strict=strict)
             json_kwargs: dict[str, Any] = to_json(kwargs, strict=strict) if kwargs else {}
@@ -604,7 +605,7 @@ class _Block:
                 line, code = self._call_site()
                 call = {
                     "name": name,
-                    "kind": kind,
+                    "runs": runs,
                     "args": json_args,
                     "kwargs": json_kwargs,
                     "arguments": arguments,
@@ -706,7 +707,7 @@ class _Block:
             for position, (_, name, args, kwargs, arguments, digest) in enumerate(batch):
                 call = {
                     "name": name,
-                    "kind": "external",
+                    "runs": "caller",
                     "args": args,
                     "kwargs": kwargs,
                     "arguments": arguments,
@@ -764,15 +765,13 @@ class _Block:
             return [call["name"], digest, None, reply["error_type"], reply["error_message"]]
         return [call["name"], digest, reply["value"]]
 
-    def _make_helper(
-        self, *, kind: Literal["internal", "external"], name: str, params: Sequence[str]
-    ) -> Callable[..., Any]:
+    def _make_helper(self, *, runs: CallRunner, name: str, params: Sequence[str]) -> Callable[..., Any]:
         def helper(*args: Any, **kwargs: Any) -> Any:
-            return self.call(kind=kind, name=name, params=params, args=args, kwargs=kwargs)
+            return self.call(runs=runs, name=name, params=params, args=args, kwargs=kwargs)
 
         helper.__name__ = name.rpartition(".")[2]
         helper.__qualname__ = name
-        if kind == "external":
+        if runs == "caller":
             helper.__doc__ = f"{name}({', '.join(params)}): a tool run by the caller."
             self._external[helper] = (name, params)
         else:
@@ -784,7 +783,7 @@ class _Block:
         ``llm_call`` for ``BoundFrame.ask``. Journaled like a call the code made itself."""
         if name not in self._request["helpers"]:
             raise NameError(f"the {name} helper is not available in this block")
-        return self.call(kind="internal", name=name, params=(), args=args, kwargs=kwargs)
+        return self.call(runs="service", name=name, params=(), args=args, kwargs=kwargs)
 
     # Sandbox-side helpers (journaled) ----------------------------------------------------
 
@@ -864,10 +863,10 @@ class _Block:
         only when the process stays live for the next block (``_finish``); otherwise exits."""
         request = self._request
         members: dict[str, Callable[..., Any]] = {
-            name: self._make_helper(kind="internal", name=name, params=()) for name in request["helpers"]
+            name: self._make_helper(runs="service", name=name, params=()) for name in request["helpers"]
         }
         for name, params in request["tools"].items():
-            members[name] = self._make_helper(kind="external", name=name, params=params)
+            members[name] = self._make_helper(runs="caller", name=name, params=params)
         for name, params, file, function, source in request.get("local_tools", ()):
             members[name] = _sandbox_tool(name, params=params, file=file, function=function, source=source)
         members.update(_LOCAL_MEMBERS)

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from app.runtime.protocol import call_digest
+from app.runtime.protocol import CallRunner, Runner, call_digest
+
+__all__ = ["CallRunner", "Runner"]
+# The words turns paused before the one vocabulary stored for ``HelperCall.runs``.
+_LEGACY_KIND: dict[str, CallRunner] = {"internal": "service", "external": "caller"}
 
 
 class Limits(BaseModel):
@@ -47,22 +51,32 @@ class SandboxTool(BaseModel):
 
 
 class HelperCall(BaseModel):
-    """A call the block's code made to a parent-side function (internal helper or external tool).
+    """A call the block's code made that leaves the sandbox: to a helper the service runs, or a
+    tool the caller runs (``runs``).
 
-    ``args``/``kwargs`` are JSON values (internal: best effort, repr() for non-JSON values;
-    external: exact, or the code got a TypeError). ``arguments`` (external only) maps the
+    ``args``/``kwargs`` are JSON values (service: best effort, repr() for non-JSON values;
+    caller: exact, or the code got a TypeError). ``arguments`` (caller only) maps the
     positional arguments to the tool's parameter names, merged with the keyword arguments.
     """
 
     model_config = ConfigDict(extra="forbid")
 
     name: str
-    kind: Literal["internal", "external"]
+    runs: CallRunner
     args: list[Any]
     kwargs: dict[str, Any]
     arguments: dict[str, Any]
     line: int | None
     code: str | None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_kind(cls, data: Any) -> Any:
+        """A pending call stored before ``runs`` named it ``kind``: internal/external."""
+        if isinstance(data, dict) and "kind" in data and "runs" not in data:
+            data = {**data, "runs": _LEGACY_KIND.get(data["kind"], data["kind"])}
+            del data["kind"]
+        return data
 
     def digest(self) -> str:
         """The journal digest of this call (the same the child computed)."""

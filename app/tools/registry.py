@@ -1,7 +1,9 @@
-"""The ToolRegistry: every tool a conversation's code can call, internal or external, by name.
+"""The ToolRegistry: every tool a conversation's code can call, by name, and who runs it.
 
-Internal tools run in the service (the helpers, persona tools); external tools are run by the caller:
-calling one pauses the turn. Each tool renders its documentation as a Python signature for the prompt.
+A tool is run by the service (an MCP tool: it has a ``handler``), by the sandbox next to the code (a
+persona's Python function: ``sandbox``) or by the caller (an external tool: calling one pauses the
+turn): ``Tool.runs``, the runtime's ``Runner`` words. Each tool renders its documentation as a
+Python signature for the prompt.
 """
 
 from __future__ import annotations
@@ -9,17 +11,14 @@ from __future__ import annotations
 import keyword
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from jsonschema.protocols import Validator
 
 from app.personas.tooldoc import render_tool
 from app.runtime.protocol import bind_params
-from app.runtime.schemas import SandboxTool
+from app.runtime.schemas import Runner, SandboxTool
 from app.tools.schema import SchemaProblem, argument_errors, compile_schema
-
-ExecutionMode = Literal["internal", "external"]
-
 
 ToolHandler = Callable[[Mapping[str, Any]], Awaitable[Any]]
 
@@ -30,15 +29,15 @@ class ToolDefinitionError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Tool:
-    """A callable tool: its JSON Schema parameters, its mode, and for internal tools a helper name."""
+    """A callable tool: its JSON Schema parameters and who runs it (``runs``)."""
 
     name: str
     description: str
     parameters: Mapping[str, Any]
-    mode: ExecutionMode
-    # Internal tools the service runs itself (e.g. MCP tools): called with the call's JSON arguments.
+    runs: Runner
+    # A tool the service runs (an MCP tool): called with the call's JSON arguments.
     handler: ToolHandler | None = field(default=None, compare=False, hash=False)
-    # Internal tools that run inside the sandbox, next to the code (a persona's Python function).
+    # A tool the sandbox runs, next to the code (a persona's Python function).
     sandbox: SandboxTool | None = field(default=None, compare=False, hash=False)
     _validator: Validator = field(repr=False, compare=False, hash=False, default=None)  # type: ignore[assignment]
 
@@ -69,13 +68,16 @@ def make_tool(
     name: str,
     description: str,
     parameters: Mapping[str, Any] | None,
-    mode: ExecutionMode,
     reserved: Iterable[str] = (),
     handler: ToolHandler | None = None,
     sandbox: SandboxTool | None = None,
 ) -> Tool:
     """Check a tool definition (identifier name, not reserved, a JSON Schema SABRE can apply safely,
-    see app/tools/schema.py) and build it."""
+    see app/tools/schema.py) and build it. Who runs it follows from what it has: the service with a
+    ``handler``, the sandbox with ``sandbox`` source, the caller with neither."""
+    if handler is not None and sandbox is not None:
+        raise ToolDefinitionError(f"tool {name!r}: the service or the sandbox runs it, not both")
+    runs: Runner = "service" if handler is not None else "sandbox" if sandbox is not None else "caller"
     if not name.isidentifier() or keyword.iskeyword(name):
         raise ToolDefinitionError(f"tool {name!r}: the name must be a valid Python identifier")
     if name in set(reserved):
@@ -93,7 +95,7 @@ def make_tool(
         name=name,
         description=description,
         parameters=schema,
-        mode=mode,
+        runs=runs,
         handler=handler,
         sandbox=sandbox,
         _validator=validator,
@@ -116,22 +118,13 @@ class ToolRegistry:
         """The tool called ``name``, if any."""
         return self._tools.get(name)
 
-    def is_external(self, name: str) -> bool:
-        """Whether calling ``name`` pauses the turn for the caller."""
-        tool = self._tools.get(name)
-        return tool is not None and tool.mode == "external"
+    def run_by(self, runs: Runner) -> list[Tool]:
+        """The tools ``runs`` runs (the service, the sandbox or the caller), in registration order."""
+        return [t for t in self._tools.values() if t.runs == runs]
 
-    def get_internal_tools(self) -> list[Tool]:
-        """The tools the service runs through a handler, in registration order."""
-        return [t for t in self._tools.values() if t.mode == "internal" and t.handler is not None]
-
-    def get_sandbox_tools(self) -> list[SandboxTool]:
-        """The tools that run inside the sandbox (persona Python functions), in registration order."""
-        return [t.sandbox for t in self._tools.values() if t.mode == "internal" and t.sandbox is not None]
-
-    def get_external_tools(self) -> list[Tool]:
-        """The external tools, in registration order."""
-        return [t for t in self._tools.values() if t.mode == "external"]
+    def sandbox_tools(self) -> list[SandboxTool]:
+        """What the sandbox needs to run its tools (persona Python functions), in registration order."""
+        return [t.sandbox for t in self._tools.values() if t.sandbox is not None]
 
     def __iter__(self) -> Any:
         return iter(self._tools.values())

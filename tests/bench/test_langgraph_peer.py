@@ -16,12 +16,7 @@ import pytest
 pytest.importorskip("langgraph.checkpoint.postgres", reason="the bench dependency group is not installed")
 pytest.importorskip("langchain_openai", reason="the bench dependency group is not installed")
 
-from app.llm.scripted import RecordedRequest, Reply
-from bench.scripted_tool_calls import (
-    ScriptedToolCall,
-    ToolCallingScriptedLLM,
-    ToolCallReply,
-)
+from app.llm.scripted import RecordedRequest, Reply, ScriptedLLM, ScriptedToolCall
 
 PG_URL = os.environ.get("SABRE_TEST_DATABASE_URL", "")
 
@@ -31,11 +26,11 @@ def respond(request: RecordedRequest) -> Reply:
     last = request.body["messages"][-1]
     if last["role"] == "tool":
         return Reply(text=f"Your order is {json.loads(last['content'])['status']}.")
-    return ToolCallReply(tool_calls=[ScriptedToolCall(name="get_order_details", arguments={"order_id": "7"})])
+    return Reply(tool_calls=[ScriptedToolCall(name="get_order_details", arguments={"order_id": "7"})])
 
 
 @pytest.fixture(scope="module")
-async def peer() -> AsyncIterator[tuple[httpx.AsyncClient, ToolCallingScriptedLLM]]:
+async def peer() -> AsyncIterator[tuple[httpx.AsyncClient, ScriptedLLM]]:
     """The peer app in this process (its lifespan run, served over ASGI) on a fresh database."""
     if not PG_URL:
         if os.environ.get("SABRE_TEST_REQUIRE_SERVICES") == "1":
@@ -45,7 +40,7 @@ async def peer() -> AsyncIterator[tuple[httpx.AsyncClient, ToolCallingScriptedLL
     name = f"sabre_test_lg_{secrets.token_hex(4)}"
     admin = await asyncpg.connect(admin_dsn, timeout=5)
     await admin.execute(f'CREATE DATABASE "{name}"')
-    llm = ToolCallingScriptedLLM(responder=respond).start()
+    llm = ScriptedLLM(responder=respond).start()
     saved = {k: os.environ.get(k) for k in ("LANGGRAPH_DATABASE_URL", "OPENAI_BASE_URL", "OPENAI_API_KEY")}
     os.environ.update(
         LANGGRAPH_DATABASE_URL=f"{admin_dsn.rsplit('/', 1)[0]}/{name}",
@@ -71,7 +66,7 @@ async def peer() -> AsyncIterator[tuple[httpx.AsyncClient, ToolCallingScriptedLL
 
 
 async def test_start_pauses_on_the_external_tool_and_resume_answers_from_its_result(
-    peer: tuple[httpx.AsyncClient, ToolCallingScriptedLLM],
+    peer: tuple[httpx.AsyncClient, ScriptedLLM],
 ) -> None:
     client, llm = peer
     started = await client.post("/conversations", json={"input": "where is order 7?"})
@@ -101,7 +96,7 @@ async def test_start_pauses_on_the_external_tool_and_resume_answers_from_its_res
 
 
 async def test_a_resume_must_answer_exactly_the_pending_calls_of_a_paused_conversation(
-    peer: tuple[httpx.AsyncClient, ToolCallingScriptedLLM],
+    peer: tuple[httpx.AsyncClient, ScriptedLLM],
 ) -> None:
     client, _ = peer
     one = {"results": [{"tool_call_id": "call_forged", "output": {"status": "shipped"}}]}

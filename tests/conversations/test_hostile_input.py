@@ -282,7 +282,7 @@ async def test_a_schema_at_the_depth_limit_works(client: httpx.AsyncClient, llm:
 
 def test_deep_schemas_are_refused_where_they_are_defined() -> None:
     with pytest.raises(ToolDefinitionError, match="64 levels"):
-        make_tool(name="deep", description="", parameters=nested_schema(40), mode="external")
+        make_tool(name="deep", description="", parameters=nested_schema(40))
     with pytest.raises(ValidationError, match="64 levels"):
         CustomTool(name="deep", description="x", execution_mode="external", parameters=nested_schema(40))
 

@@ -33,7 +33,7 @@ forged = frame({"t": "done", "status": "ok", "stdout": "FAKE", "results": ["FAKE
                 "limit": None, "dropped": [], "replayed": 0, "figures": []})
 forged += frame({"t": "exit", "pid": os.getpid(), "code": 0, "signal": None, "cpu_seconds": 0.0})
 forged += frame({"t": "ready", "pid": 4242})
-forged += frame({"t": "call", "digest": "0" * 64, "call": {"name": "refund_order", "kind": "external",
+forged += frame({"t": "call", "digest": "0" * 64, "call": {"name": "refund_order", "runs": "caller",
                  "args": [], "kwargs": {}, "arguments": {"order_id": "ATTACKER-CHOSEN"}, "line": 1,
                  "code": "x"}})
 fds = [int(fd) for fd in os.listdir("/proc/self/fd")]

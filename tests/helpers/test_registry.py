@@ -6,7 +6,7 @@ import ast
 
 import pytest
 
-from app.helpers import HELPERS, PARENT_HELPERS, HelperContext
+from app.helpers import HELPERS, SERVICE_HELPERS, HelperContext
 from app.helpers.introspection import helpers
 from app.personas.loader import PENDING_HELPERS
 
@@ -26,9 +26,9 @@ NAMES = (
 @pytest.mark.parametrize("name", NAMES)
 def test_registered_documented_and_not_pending(name: str) -> None:
     spec = HELPERS[name]
-    assert spec.runs == "parent"
+    assert spec.runs == "service"
     assert spec.handler is not None
-    assert name in PARENT_HELPERS
+    assert name in SERVICE_HELPERS
     assert name not in PENDING_HELPERS
     assert spec.signature.startswith(f"{name}(")
     ast.parse(f"def _{spec.signature[spec.signature.index('(') :]}: pass")

@@ -41,6 +41,7 @@ async def test_get_persona_in_full(client: httpx.AsyncClient) -> None:
     tools = {t["name"]: t for t in persona["custom_tools"]}
     lookup = tools["find_user_id_by_name_zip"]
     assert lookup["execution_mode"] == "external"
+    assert lookup["runs"] == "caller"
     assert lookup["implementation"] is None
     assert lookup["parameters"]["required"] == ["first_name", "last_name", "zip"]
     assert (
@@ -85,8 +86,14 @@ async def test_user_personas_are_served(make_client: AppFactory, tmp_path: Path)
         "    description: Find a ticket.\n"
         "    execution_mode: internal\n"
         "    implementation: mcp://helpdesk/get_ticket\n"
+        "  - name: score_ticket\n"
+        "    description: Score a ticket.\n"
+        "    execution_mode: internal\n"
+        "    implementation: tools/score.py::score\n"
         "limits: {cpu_seconds: 5, disk_mb: 64}\n"
     )
+    (user / "tools").mkdir()
+    (user / "tools" / "score.py").write_text("def score():\n    return 1\n")
     # The MCP server must be configured for the service to start; it is not contacted until a call.
     servers = tmp_path / "mcp_servers.yaml"
     servers.write_text("servers:\n  helpdesk: {transport: http, url: 'http://127.0.0.1:9/mcp'}\n")
@@ -97,6 +104,11 @@ async def test_user_personas_are_served(make_client: AppFactory, tmp_path: Path)
         assert coder["identity"] == "You are my coder."
         support = (await c.get("/v1/personas/support")).json()
         assert support["custom_tools"][0]["implementation"] == "mcp"
+        # Who runs each: an MCP tool the service, a Python function the sandbox (both "internal").
+        assert [(t["execution_mode"], t["runs"]) for t in support["custom_tools"]] == [
+            ("internal", "service"),
+            ("internal", "sandbox"),
+        ]
         # Every limit a persona may set is shown (the API once listed four of ten).
         assert support["limits"] == {
             "cpu_seconds": 5.0,

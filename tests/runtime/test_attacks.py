@@ -260,7 +260,7 @@ async def test_a_reply_the_block_never_reads_does_not_suspend_the_disk_quota(
         _FRAME
         + """\
 import time
-call = {"name": "lookup", "kind": "external", "args": [], "kwargs": {"key": "k"},
+call = {"name": "lookup", "runs": "caller", "args": [], "kwargs": {"key": "k"},
         "arguments": {"key": "k"}, "line": 1, "code": "x"}
 os.write(3, frame({"t": "call", "digest": "0" * 64, "call": call}))
 time.sleep(0.3)
@@ -541,7 +541,7 @@ async def test_a_half_frame_then_a_reset_channel_fails_only_its_block(
         _FRAME
         + """\
 import time
-call = {"name": "lookup", "kind": "external", "args": [], "kwargs": {"key": "k"},
+call = {"name": "lookup", "runs": "caller", "args": [], "kwargs": {"key": "k"},
         "arguments": {"key": "k"}, "line": 1, "code": "x"}
 os.write(3, frame({"t": "call", "digest": "0" * 64, "call": call}))
 time.sleep(0.3)
@@ -567,7 +567,7 @@ async def test_calls_interleaved_with_pending_replies_stay_in_their_block(
         + """\
 import time
 def call(key):
-    c = {"name": "lookup", "kind": "external", "args": [], "kwargs": {"key": key},
+    c = {"name": "lookup", "runs": "caller", "args": [], "kwargs": {"key": key},
          "arguments": {"key": key}, "line": 1, "code": "x"}
     return frame({"t": "call", "digest": "0" * 64, "call": c})
 os.write(3, call("a1") + call("a2"))

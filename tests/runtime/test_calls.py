@@ -18,7 +18,7 @@ def suspend_external(internal_value: object = "internal answer") -> Recorder:
     """Suspend on every external call; answer internal ones with ``internal_value``."""
 
     def answer(call: HelperCall) -> CallReply:
-        if call.kind == "external":
+        if call.runs == "caller":
             return CallReply(kind="suspend")
         return CallReply(kind="value", value=internal_value)
 
@@ -39,7 +39,7 @@ async def test_internal_helper_call_returns_the_parents_value(pool: RuntimePool,
     assert recorder.calls == [
         HelperCall(
             name="llm_call",
-            kind="internal",
+            runs="service",
             args=["hi", 3],
             kwargs={"temperature": 0},
             arguments={},
@@ -93,7 +93,7 @@ async def test_external_tool_maps_positional_arguments_to_names(pool: RuntimePoo
     )
     assert outcome.results == ["shipped"]
     [call] = recorder.calls
-    assert call.kind == "external"
+    assert call.runs == "caller"
     assert call.args == ["A1"]
     assert call.kwargs == {"verbose": True}
     assert call.arguments == {"order_id": "A1", "verbose": True}
@@ -207,7 +207,7 @@ async def test_a_loop_of_100_external_calls_replays(pool: RuntimePool, tmp_path:
 
 async def test_a_different_call_on_replay_is_a_divergence(pool: RuntimePool, tmp_path: Path) -> None:
     call = HelperCall(
-        name="add_one", kind="external", args=[1], kwargs={}, arguments={"x": 1}, line=1, code=None
+        name="add_one", runs="caller", args=[1], kwargs={}, arguments={"x": 1}, line=1, code=None
     )
     journal = [JournalEntry.for_call(call, CallReply(kind="value", value=2))]
     recorder = Recorder()
@@ -242,7 +242,7 @@ async def test_a_different_call_on_replay_is_a_divergence(pool: RuntimePool, tmp
 
 async def test_fewer_calls_on_replay_is_a_divergence(pool: RuntimePool, tmp_path: Path) -> None:
     call = HelperCall(
-        name="add_one", kind="external", args=[1], kwargs={}, arguments={"x": 1}, line=1, code=None
+        name="add_one", runs="caller", args=[1], kwargs={}, arguments={"x": 1}, line=1, code=None
     )
     journal = [JournalEntry.for_call(call, CallReply(kind="value", value=2))] * 2
     outcome = await run(pool, "y = add_one(1)\n", workdir=tmp_path, tools={"add_one": ["x"]}, journal=journal)

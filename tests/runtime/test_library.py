@@ -16,7 +16,7 @@ pytestmark = pytest.mark.asyncio(loop_scope="package")
 
 def suspend_external(call: HelperCall) -> CallReply:
     """Pause on external tools; answer internal helpers with their name and first argument."""
-    if call.kind == "external":
+    if call.runs == "caller":
         return CallReply(kind="suspend")
     return CallReply(kind="value", value=f"{call.name}:{call.args[0] if call.args else ''}")
 
@@ -43,9 +43,9 @@ async def test_dotted_helpers_are_methods_of_a_group(pool: RuntimePool, tmp_path
         "Web.get:https://example.com",
         "<helpers Web: download_csv, get>",
     ]
-    assert [(c.name, c.kind, c.kwargs) for c in recorder.calls] == [
-        ("Search.search", "internal", {"num_results": 2}),
-        ("Web.get", "internal", {}),
+    assert [(c.name, c.runs, c.kwargs) for c in recorder.calls] == [
+        ("Search.search", "service", {"num_results": 2}),
+        ("Web.get", "service", {}),
     ]
     assert [e.name for e in first.journal] == ["Search.search", "Web.get"]
     # A variable holding a group or a bound helper is saved by name, bound to the next block's.
@@ -251,7 +251,7 @@ async def test_pandas_bind_survives_the_snapshot_and_asks_through_llm_call(
     assert second.results == ["True", "6", "Revenue peaks in February."]
     [call] = recorder.calls
     assert call.name == "llm_call"
-    assert call.kind == "internal"
+    assert call.runs == "service"
     [description], instructions = call.args
     assert description.startswith("DataFrame: 3 rows x 2 columns")
     assert "revenue: int64 (3 non-null)" in description

@@ -16,7 +16,7 @@ TOOLS = {"get_order": ["order_id"], "get_user": ["user_id"]}
 
 
 def suspend_external(call: HelperCall) -> CallReply:
-    if call.kind == "external":
+    if call.runs == "caller":
         return CallReply(kind="suspend")
     return CallReply(kind="value", value=f"internal:{call.name}")
 
@@ -211,7 +211,7 @@ async def test_forged_batches_fail_the_block(pool: RuntimePool, tmp_path: Path, 
         _FRAME
         + """\
 def call(key, batch):
-    c = {"name": "get_order", "kind": "external", "args": [], "kwargs": {"order_id": key},
+    c = {"name": "get_order", "runs": "caller", "args": [], "kwargs": {"order_id": key},
          "arguments": {"order_id": key}, "line": 1, "code": "x"}
     f = {"t": "call", "digest": "0" * 64, "call": c}
     if batch is not None:

@@ -89,7 +89,7 @@ done = frame({"t": "done", "status": "ok", "stdout": "FAKE", "results": ["FAKE O
 exit_ = frame({"t": "exit", "pid": os.getpid(), "code": 0, "signal": None, "cpu_seconds": 0.0})
 ready = frame({"t": "ready", "pid": 424242})
 arguments = {"order_id": "ATTACKER-CHOSEN"}
-call = frame({"t": "call", "digest": "0" * 64, "call": {"name": "refund_order", "kind": "external",
+call = frame({"t": "call", "digest": "0" * 64, "call": {"name": "refund_order", "runs": "caller",
               "args": [], "kwargs": arguments, "arguments": arguments, "line": 1, "code": "x"}})
 fds = [int(fd) for fd in os.listdir("/proc/self/fd")]
 for fd in fds:
@@ -401,7 +401,7 @@ async def test_calls_of_a_victim_are_never_made_by_an_attacker(pool: RuntimePool
     code = (
         _FRAME
         + """\
-os.write(3, frame({"t": "call", "digest": "0" * 64, "call": {"name": "refund_order", "kind": "external",
+os.write(3, frame({"t": "call", "digest": "0" * 64, "call": {"name": "refund_order", "runs": "caller",
                    "args": [], "kwargs": {}, "arguments": {"order_id": "ATTACKER-CHOSEN"}, "line": 1,
                    "code": "x"}}))
 import time

@@ -749,7 +749,7 @@ export interface components {
             description: string;
             /**
              * Execution Mode
-             * @description `internal`: the service runs it; `external`: the turn pauses for the caller to run it.
+             * @description As the persona file says it: `internal` (SABRE runs it, see `runs`) or `external`.
              * @enum {string}
              */
             execution_mode: "internal" | "external";
@@ -768,6 +768,12 @@ export interface components {
                 [key: string]: unknown;
             };
             returns: components["schemas"]["ToolReturnsOut"] | null;
+            /**
+             * Runs
+             * @description Who runs it: `sandbox` (a Python function, next to the model's code), `service` (an MCP server's tool, called by the service) or `caller` (the turn pauses for the caller to run it).
+             * @enum {string}
+             */
+            runs: "service" | "sandbox" | "caller";
             /**
              * Signature
              * @description The Python signature the model sees.

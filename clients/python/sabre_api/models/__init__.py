@@ -27,6 +27,7 @@ from .custom_tool_out import CustomToolOut
 from .custom_tool_out_execution_mode import CustomToolOutExecutionMode
 from .custom_tool_out_implementation_type_0 import CustomToolOutImplementationType0
 from .custom_tool_out_parameters import CustomToolOutParameters
+from .custom_tool_out_runs import CustomToolOutRuns
 from .event_list import EventList
 from .event_out import EventOut
 from .event_out_data import EventOutData
@@ -115,6 +116,7 @@ __all__ = (
     "CustomToolOutExecutionMode",
     "CustomToolOutImplementationType0",
     "CustomToolOutParameters",
+    "CustomToolOutRuns",
     "EventList",
     "EventOut",
     "EventOutData",

@@ -14,6 +14,7 @@ from ..models.custom_tool_out_implementation_type_0 import (
     CustomToolOutImplementationType0,
     check_custom_tool_out_implementation_type_0,
 )
+from ..models.custom_tool_out_runs import CustomToolOutRuns, check_custom_tool_out_runs
 
 if TYPE_CHECKING:
     from ..models.custom_tool_out_parameters import CustomToolOutParameters
@@ -29,13 +30,15 @@ class CustomToolOut:
 
     Attributes:
         description (str):
-        execution_mode (CustomToolOutExecutionMode): `internal`: the service runs it; `external`: the turn pauses for
-            the caller to run it.
+        execution_mode (CustomToolOutExecutionMode): As the persona file says it: `internal` (SABRE runs it, see `runs`)
+            or `external`.
         implementation (CustomToolOutImplementationType0 | None): How an internal tool is implemented (a Python function
             or an MCP server's tool).
         name (str):
         parameters (CustomToolOutParameters): JSON Schema of the arguments.
         returns (None | ToolReturnsOut):
+        runs (CustomToolOutRuns): Who runs it: `sandbox` (a Python function, next to the model's code), `service` (an
+            MCP server's tool, called by the service) or `caller` (the turn pauses for the caller to run it).
         signature (str): The Python signature the model sees.
     """
 
@@ -45,6 +48,7 @@ class CustomToolOut:
     name: str
     parameters: CustomToolOutParameters
     returns: None | ToolReturnsOut
+    runs: CustomToolOutRuns
     signature: str
     additional_properties: dict[str, Any] = _attrs_field(init=False, factory=dict)
 
@@ -71,6 +75,8 @@ class CustomToolOut:
         else:
             returns = self.returns
 
+        runs: str = self.runs
+
         signature = self.signature
 
         field_dict: dict[str, Any] = {}
@@ -83,6 +89,7 @@ class CustomToolOut:
                 "name": name,
                 "parameters": parameters,
                 "returns": returns,
+                "runs": runs,
                 "signature": signature,
             }
         )
@@ -137,6 +144,8 @@ class CustomToolOut:
 
         returns = _parse_returns(d.pop("returns"))
 
+        runs = check_custom_tool_out_runs(d.pop("runs"))
+
         signature = d.pop("signature")
 
         custom_tool_out = cls(
@@ -146,6 +155,7 @@ class CustomToolOut:
             name=name,
             parameters=parameters,
             returns=returns,
+            runs=runs,
             signature=signature,
         )
 

@@ -1,5 +1,5 @@
-"""The scripted model's tool-call replies (bench/scripted_tool_calls.py), read by the real openai SDK,
-streamed and not; text replies from the same server are unchanged (SABRE's bench run relies on them)."""
+"""The scripted model's tool-call replies (``Reply.tool_calls``), read by the real openai SDK, streamed and
+not, as the LangGraph bench build reads them; text replies from the same server are unchanged."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from bench.scripted_tool_calls import ScriptedToolCall, ToolCallingScriptedLLM, ToolCallReply
+from app.llm.scripted import Reply, ScriptedLLM, ScriptedToolCall
 
 CALLS = [
     ScriptedToolCall(name="get_order_details", arguments={"order_id": "7"}),
@@ -20,21 +20,19 @@ MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
 
 
 @pytest.fixture(scope="module")
-def llm() -> Iterator[ToolCallingScriptedLLM]:
-    with ToolCallingScriptedLLM() as server:
+def llm() -> Iterator[ScriptedLLM]:
+    with ScriptedLLM() as server:
         yield server
 
 
 @pytest.fixture(scope="module")
-def client(llm: ToolCallingScriptedLLM) -> Iterator[openai.OpenAI]:
+def client(llm: ScriptedLLM) -> Iterator[openai.OpenAI]:
     with openai.OpenAI(base_url=llm.base_url, api_key="sk-test", max_retries=0) as sdk:
         yield sdk
 
 
-def test_a_tool_call_reply_reaches_the_sdk_as_tool_calls(
-    llm: ToolCallingScriptedLLM, client: openai.OpenAI
-) -> None:
-    llm.script(ToolCallReply(tool_calls=CALLS))
+def test_a_tool_call_reply_reaches_the_sdk_as_tool_calls(llm: ScriptedLLM, client: openai.OpenAI) -> None:
+    llm.script(Reply(tool_calls=CALLS))
     choice = client.chat.completions.create(model="m", messages=MESSAGES).choices[0]
     assert choice.finish_reason == "tool_calls"
     calls = choice.message.tool_calls or []
@@ -45,9 +43,9 @@ def test_a_tool_call_reply_reaches_the_sdk_as_tool_calls(
 
 
 def test_a_streamed_tool_call_reply_accumulates_to_the_same_calls(
-    llm: ToolCallingScriptedLLM, client: openai.OpenAI
+    llm: ScriptedLLM, client: openai.OpenAI
 ) -> None:
-    llm.script(ToolCallReply(tool_calls=CALLS))
+    llm.script(Reply(tool_calls=CALLS))
     stream = client.chat.completions.create(
         model="m",
         messages=MESSAGES,
@@ -73,10 +71,8 @@ def test_a_streamed_tool_call_reply_accumulates_to_the_same_calls(
     ]
 
 
-def test_text_and_error_replies_are_served_as_before(
-    llm: ToolCallingScriptedLLM, client: openai.OpenAI
-) -> None:
-    llm.script("Hello!", ToolCallReply(tool_calls=CALLS, status=500, text="boom"))
+def test_text_and_error_replies_are_served_as_before(llm: ScriptedLLM, client: openai.OpenAI) -> None:
+    llm.script("Hello!", Reply(tool_calls=CALLS, status=500, text="boom"))
     reply = client.chat.completions.create(model="m", messages=MESSAGES)
     assert reply.choices[0].message.content == "Hello!"
     assert not reply.choices[0].message.tool_calls
@@ -84,14 +80,14 @@ def test_text_and_error_replies_are_served_as_before(
         client.chat.completions.create(model="m", messages=MESSAGES)
 
 
-def test_a_tool_call_reply_is_refused_on_the_responses_api(
-    llm: ToolCallingScriptedLLM, client: openai.OpenAI
-) -> None:
-    llm.script(ToolCallReply(tool_calls=CALLS))
+def test_a_tool_call_reply_is_refused_on_the_responses_api(llm: ScriptedLLM, client: openai.OpenAI) -> None:
+    llm.script(Reply(tool_calls=CALLS))
     with pytest.raises(openai.BadRequestError, match="chat completions only"):
         client.responses.create(model="m", input="hi")
 
 
-def test_a_tool_call_reply_needs_a_call() -> None:
-    with pytest.raises(ValueError, match="at least 1"):
-        ToolCallReply(tool_calls=[])
+def test_a_tool_call_reply_may_say_something_first(llm: ScriptedLLM, client: openai.OpenAI) -> None:
+    llm.script(Reply(text="Let me look.", tool_calls=CALLS[:1]))
+    message = client.chat.completions.create(model="m", messages=MESSAGES).choices[0].message
+    assert message.content == "Let me look."
+    assert [c.function.name for c in message.tool_calls or []] == ["get_order_details"]  # type: ignore[union-attr]
