@@ -19,6 +19,7 @@ from pydantic import (
 )
 
 from app.events.webhooks import URL_MAX_CHARS, check_webhook_url
+from app.helpers.base import Usage
 from app.kit.json_body import INT64_MAX, INT64_MIN
 from app.orchestrator.messages import Part
 
@@ -408,13 +409,6 @@ class ToolResults(TurnRequest):
 class _Out(BaseModel):
     # Fields with defaults are always sent: required in the response schema (no "unset" in SDKs).
     model_config = ConfigDict(json_schema_serialization_defaults_required=True)
-
-
-class Usage(_Out):
-    input_tokens: int = 0
-    output_tokens: int = 0
-    llm_calls: int = 0
-    iterations: int = 0
 
 
 class TurnErrorBody(_Out):

@@ -171,7 +171,7 @@ class ConversationService:
             metadata=conversation.metadata_,
             max_iterations=conversation.max_iterations,
             pending_tool_calls=_pending_out(self._paused(conversation)) if conversation.paused else [],
-            usage=schemas.Usage(
+            usage=Usage(
                 input_tokens=conversation.input_tokens,
                 output_tokens=conversation.output_tokens,
                 llm_calls=conversation.llm_calls,
@@ -965,7 +965,7 @@ class ConversationService:
             status=status,
             output=None,
             error=None,
-            usage=_usage_json(Usage()),
+            usage=Usage().model_dump(),
             warnings=[],
             version=conversation.version,
             request=request,
@@ -988,7 +988,7 @@ class ConversationService:
             status=row.status,
             output=row.output,
             error=schemas.TurnErrorBody(**row.error) if row.error else None,
-            usage=schemas.Usage(**{k: int(usage.get(k, 0)) for k in schemas.Usage.model_fields}),
+            usage=Usage.model_validate(usage),
             version=row.version,
             warnings=list(row.warnings or []),
             pending_tool_calls=_pending_out(self._paused(conversation))
@@ -1180,7 +1180,7 @@ class ConversationService:
             "status": outcome.status,
             "output": outcome.output,
             "error": error,
-            "usage": _usage_json(usage),
+            "usage": usage.model_dump(),
             "warnings": list(outcome.warnings),
             "version": version,
             "finished_at": now,
@@ -1348,15 +1348,6 @@ def _error_json(error: TurnError | None) -> dict[str, Any] | None:
     if error is None:
         return None
     return {"code": error.code, "message": error.message, "retryable": error.retryable}
-
-
-def _usage_json(usage: Usage) -> dict[str, int]:
-    return {
-        "input_tokens": usage.input_tokens,
-        "output_tokens": usage.output_tokens,
-        "llm_calls": usage.llm_calls,
-        "iterations": usage.iterations,
-    }
 
 
 def _end_type(status: str) -> EventType:

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from pydantic import BaseModel, ConfigDict
+
 from app.llm.base import LLMClient, LLMUsage
 
 if TYPE_CHECKING:
@@ -14,9 +16,12 @@ if TYPE_CHECKING:
     from app.personas.models import Network
 
 
-@dataclass(slots=True)
-class Usage:
-    """Running totals of one turn (all LLM calls, the loop's and the helpers')."""
+class Usage(BaseModel):
+    """Token and call totals: a turn's running ones (all LLM calls, the loop's and the helpers'), as
+    stored with the turn and as the API shows them for a turn or a conversation."""
+
+    # Fields with defaults are always sent: required in the response schema (no "unset" in SDKs).
+    model_config = ConfigDict(json_schema_serialization_defaults_required=True)
 
     input_tokens: int = 0
     output_tokens: int = 0

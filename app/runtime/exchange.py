@@ -13,7 +13,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 import structlog
 from pydantic import ValidationError
@@ -38,10 +38,10 @@ from app.runtime.protocol import (
     MAX_JOURNAL_BYTES,
     MAX_RECORDS,
     PNG_SIGNATURE,
-    PROTOCOL_VERSION,
     FrameError,
     encode_frame,
     limit_label,
+    run_request,
 )
 from app.runtime.schemas import (
     BlockOutcome,
@@ -80,25 +80,18 @@ class BlockRequest:
     def encode(self, *, keep: bool, snapshot: bytes = b"", live_pid: int | None = None) -> bytes:
         """The ``run`` frame: for a fresh child with the snapshot to restore, or (``live_pid``)
         for the live child of this conversation, which has the namespace already."""
-        header: dict[str, Any] = {
-            "t": "run",
-            "v": PROTOCOL_VERSION,
-            "code": self.code,
-            "workdir": str(self.workdir),
-            "limits": dict(self.limits),  # flat model: same as model_dump(), a tenth of the cost
-            "helpers": list(self.internal_helpers),
-            "tools": {name: list(params) for name, params in self.external_tools.items()},
-            "journal": [wire_entry(e) for e in self.journal],
-            "local_tools": [
-                [t.name, list(t.params), t.file, t.function, t.source] for t in self.sandbox_tools
-            ],
-            "keep": keep,
-        }
-        if live_pid is not None:
-            header["live"] = True
-            header["pid"] = live_pid
-            return encode_frame(header)
-        return encode_frame(header, snapshot)
+        header = run_request(
+            code=self.code,
+            workdir=str(self.workdir),
+            limits=self.limits.to_wire(),
+            helpers=self.internal_helpers,
+            tools=self.external_tools,
+            journal=[entry.to_wire() for entry in self.journal],
+            local_tools=[(t.name, list(t.params), t.file, t.function, t.source) for t in self.sandbox_tools],
+            keep=keep,
+            live_pid=live_pid,
+        )
+        return encode_frame(header, b"" if live_pid is not None else snapshot)
 
 
 class Exchange:
@@ -288,15 +281,7 @@ class Exchange:
                 self._parked = True
                 return
         else:
-            self._new.append(
-                JournalEntry(
-                    name=call.name,
-                    digest=frame.digest,
-                    value=reply.value if reply.kind == "value" else None,
-                    error_type=(reply.error_type or "Error") if reply.kind == "error" else None,
-                    error_message=(reply.error_message or "") if reply.kind == "error" else None,
-                )
-            )
+            self._new.append(JournalEntry.for_call(call, reply, digest=frame.digest))
             if last and self._deferred:  # the batch's last call was answered, earlier ones wait
                 self._pending = self._deferred.pop()
                 data = encode_reply(CallReply(kind="suspend"))
@@ -324,15 +309,8 @@ class Exchange:
         self._replayed = len(self._replay)
         self._live = True
         failed = frame.error_type is not None or frame.error_message is not None
-        self._new.append(
-            JournalEntry(
-                name=frame.name,
-                digest=frame.digest,
-                value=None if failed else frame.value,
-                error_type=(frame.error_type or "Error") if failed else None,
-                error_message=(frame.error_message or "") if failed else None,
-            )
-        )
+        error = (frame.error_type, frame.error_message) if failed else None
+        self._new.append(JournalEntry.of(frame.name, frame.digest, value=frame.value, error=error))
 
     def _figures(self, frame: DoneFrame, blob: bytes) -> tuple[bytes, list[bytes]]:
         """Split the blob into the snapshot and the figures; each must be a PNG (checked by its
@@ -378,14 +356,6 @@ class Exchange:
             more_pending=self._deferred if self._pending is not None else [],
             figures=figures if frame.status in ("ok", "error") else [],
         )
-
-
-def wire_entry(entry: JournalEntry) -> list[Any]:
-    """A journal entry as the child reads it: [name, digest, value] or, for an error,
-    [name, digest, null, error_type, error_message] (compact: a resume may carry hundreds)."""
-    if entry.error_type is None and entry.error_message is None:
-        return [entry.name, entry.digest, entry.value]
-    return [entry.name, entry.digest, None, entry.error_type or "Error", entry.error_message or ""]
 
 
 def encode_reply(reply: CallReply) -> bytes:

@@ -38,7 +38,7 @@ import math
 import os
 import struct
 from collections.abc import Mapping, Sequence
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, NotRequired, TypedDict, cast
 
 PROTOCOL_VERSION: Final = 3
 PREFIX: Final = struct.Struct(">II")
@@ -89,6 +89,92 @@ PNG_SIGNATURE: Final = b"\x89PNG\r\n\x1a\n"
 LimitKind = Literal[
     "wall_clock", "cpu_time", "memory", "file_size", "snapshot_size", "processes", "disk", "disk_files"
 ]
+
+
+# A journal entry on the wire: ``[name, digest, value]`` or, for a call that raised,
+# ``[name, digest, None, error_type, error_message]`` (compact: a resume may carry hundreds).
+# ``schemas.JournalEntry.to_wire`` writes it; the child reads it.
+WireEntry = list[Any]
+# A persona's Python tool on the wire: ``[name, params, file, function, source]``.
+WireTool = tuple[str, list[str], str, str, str]
+
+
+class WireLimits(TypedDict):
+    """A block's limits on the wire: ``schemas.Limits`` as a plain dict (the child has no pydantic)."""
+
+    cpu_seconds: float
+    memory_mb: int
+    wall_clock_seconds: float
+    max_processes: int
+    file_size_mb: int
+    open_files: int
+    stdout_bytes: int
+    snapshot_bytes: int
+    disk_mb: int
+    disk_files: int
+
+
+class RunRequest(TypedDict):
+    """The ``run`` frame's header: one block for a child (its blob: the snapshot to restore).
+
+    ``helpers`` are the names the service runs, ``tools`` the caller's (name -> parameters),
+    ``local_tools`` the sandbox's own; ``keep`` asks the process to stay live after the block;
+    ``live`` and ``pid`` address the live process of the conversation (no snapshot then)."""
+
+    t: Literal["run"]
+    v: int
+    code: str
+    workdir: str
+    limits: WireLimits
+    helpers: list[str]
+    tools: dict[str, list[str]]
+    journal: list[WireEntry]
+    local_tools: list[WireTool]
+    keep: bool
+    live: NotRequired[bool]
+    pid: NotRequired[int]
+
+
+def run_request(
+    *,
+    code: str,
+    workdir: str,
+    limits: WireLimits,
+    helpers: Sequence[str] = (),
+    tools: Mapping[str, Sequence[str]] | None = None,
+    journal: Sequence[WireEntry] = (),
+    local_tools: Sequence[WireTool] = (),
+    keep: bool = False,
+    live_pid: int | None = None,
+) -> RunRequest:
+    """The one place a ``run`` header is built (the pool's blocks and the worker's warm-up)."""
+    request: RunRequest = {
+        "t": "run",
+        "v": PROTOCOL_VERSION,
+        "code": code,
+        "workdir": workdir,
+        "limits": limits,
+        "helpers": list(helpers),
+        "tools": {name: list(params) for name, params in (tools or {}).items()},
+        "journal": list(journal),
+        "local_tools": list(local_tools),
+        "keep": keep,
+    }
+    if live_pid is not None:
+        request["live"] = True
+        request["pid"] = live_pid
+    return request
+
+
+def as_run_request(header: Mapping[str, Any]) -> RunRequest:
+    """A decoded header as a ``RunRequest`` once its tag and version are checked (it comes from
+    the server through the worker: trusted, but never of another protocol version)."""
+    if header.get("t") != "run" or header.get("v") != PROTOCOL_VERSION:
+        raise FrameError(
+            f"sandbox protocol: expected a run request of version {PROTOCOL_VERSION}, "
+            f"got {header.get('t')!r} (version {header.get('v')!r})"
+        )
+    return cast(RunRequest, header)
 
 
 class FrameError(Exception):

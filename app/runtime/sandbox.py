@@ -46,15 +46,20 @@ from app.runtime.protocol import (
     MAX_PARALLEL_CALLS,
     MAX_RECORD_BYTES,
     MAX_RECORDS,
-    PROTOCOL_VERSION,
+    PREFIX,
     CallRunner,
     LimitKind,
+    RunRequest,
+    WireEntry,
+    WireLimits,
+    as_run_request,
     bind_params,
     call_digest,
     decode_header,
     encode_frame,
     limit_label,
     read_frame,
+    run_request,
     to_json,
     write_all,
     write_frame,
@@ -416,7 +421,7 @@ class _Block:
     def __init__(
         self,
         *,
-        request: Mapping[str, Any],
+        request: RunRequest,
         output: _OutputStream,
         channel_in: io.FileIO | None,
         channel_out: int,
@@ -429,7 +434,7 @@ class _Block:
         # ``_finish`` finds it clean); ``live``: it is such a process, running a later block.
         self._keep = bool(request.get("keep")) and not dry
         self._live = live
-        self._limits: Mapping[str, Any] = request["limits"]
+        self._limits: WireLimits = request["limits"]
         self._output = output
         self._in = channel_in
         self._out = channel_out
@@ -437,8 +442,7 @@ class _Block:
         self._records = 0
         self._recorded_bytes = 0
         self._dry = dry
-        # Wire form of an entry: [name, digest, value] or [name, digest, null, type, message].
-        self._journal: Sequence[Sequence[Any]] = request["journal"]
+        self._journal: Sequence[WireEntry] = request["journal"]
         self._reserve = reserve
         self._stopping = False
         self._call_lock = threading.Lock()
@@ -461,7 +465,7 @@ class _Block:
         """Apply the limits, enter the work directory, start the wall clock."""
         limits = self._limits
         try:
-            workdir = str(self._request["workdir"])
+            workdir = self._request["workdir"]
             if self._live is not None:
                 _reap_children()  # what the last block started, which the worker killed
             if self._dry or self._live is not None:
@@ -597,7 +601,7 @@ class _Block:
         # exchange at a time and the journal is consumed in order.
         with self._call_lock:
             if self.replayed < len(self._journal):
-                entry = self._journal[self.replayed]
+                entry: Sequence[Any] = self._journal[self.replayed]
                 if entry[0] != name or entry[1] != digest:
                     self._diverged(entry, name, json_args, json_kwargs, digest)
                 self.replayed += 1
@@ -960,7 +964,7 @@ class _Block:
         )
         global _current
         _current = None
-        return _LiveState(namespace=self.namespace, workdir=str(self._request["workdir"]), helpers=helpers)
+        return _LiveState(namespace=self.namespace, workdir=self._request["workdir"], helpers=helpers)
 
     def _execute(self, compiled: types.CodeType) -> str | None:
         """Run the code; return the rendered error, if it raised."""
@@ -1204,30 +1208,28 @@ def warm_up() -> None:
     library.warm()
     digest = call_digest(name="tool", args=[2], kwargs={"mode": "x"})
     listed = call_digest(name="FS.list_files", args=[], kwargs={})
-    limits = {
-        "cpu_seconds": 10,
-        "memory_mb": 2048,
-        "wall_clock_seconds": 30,
-        "max_processes": 64,
-        "file_size_mb": 100,
-        "open_files": 256,
-        "stdout_bytes": 32_000,
-        "snapshot_bytes": 1 << 20,
-    }
-    request = decode_header(
-        encode_frame(
-            {
-                "t": "run",
-                "v": PROTOCOL_VERSION,
-                "code": _WARM_UP_CODE,
-                "workdir": os.getcwd(),
-                "limits": limits,
-                "helpers": ["helper"],
-                "tools": {"tool": ["x", "mode"]},
-                "journal": [["tool", digest, 3], ["FS.list_files", listed, ["a.txt"]]],
-            }
-        )[8:]
+    limits = WireLimits(
+        cpu_seconds=10,
+        memory_mb=2048,
+        wall_clock_seconds=30,
+        max_processes=64,
+        file_size_mb=100,
+        open_files=256,
+        stdout_bytes=32_000,
+        snapshot_bytes=1 << 20,
+        disk_mb=1024,
+        disk_files=10_000,
     )
+    request = run_request(
+        code=_WARM_UP_CODE,
+        workdir=os.getcwd(),
+        limits=limits,
+        helpers=["helper"],
+        tools={"tool": ["x", "mode"]},
+        journal=[["tool", digest, 3], ["FS.list_files", listed, ["a.txt"]]],
+    )
+    # Through the wire format, as a real request comes (its decoding warms up too).
+    request = as_run_request(decode_header(encode_frame(request)[PREFIX.size :]))
     data, _ = snapshot.dump(_warm_up_values(), skip=frozenset(), helpers={}, max_bytes=1 << 20)
     block = _Block(request=request, output=output, channel_in=None, channel_out=-1, reserve=None, dry=True)
     try:
@@ -1268,11 +1270,10 @@ def serve_one(*, channel: int, log_fd: int) -> int:
     stream = io.FileIO(channel, "rb", closefd=False)
     write_frame(channel, {"t": "ready"})
     try:
-        request, snapshot_data = read_frame(stream)
+        header, snapshot_data = read_frame(stream)
     except EOFError:
         return EXIT_EOF
-    if request.get("t") != "run" or request.get("v") != PROTOCOL_VERSION:
-        raise RuntimeError(f"sandbox protocol: unexpected request {request.get('t')!r}")
+    request = as_run_request(header)
     os.close(log_fd)
     live: _LiveState | None = None
     for _ in range(LIVE_MAX_BLOCKS):
@@ -1286,17 +1287,12 @@ def serve_one(*, channel: int, log_fd: int) -> int:
         # Live: this process belongs to the conversation; only its next block, or the word to
         # stop, may come (the worker checks both before passing them on).
         try:
-            request, snapshot_data = read_frame(stream)
+            header, snapshot_data = read_frame(stream)
         except EOFError:
             return 0
-        if request.get("t") == "release":
+        if header.get("t") == "release":
             return 0
-        if (
-            request.get("t") != "run"
-            or request.get("v") != PROTOCOL_VERSION
-            or not request.get("live")
-            or request.get("workdir") != live.workdir
-            or snapshot_data
-        ):
+        request = as_run_request(header)
+        if not request.get("live") or request["workdir"] != live.workdir or snapshot_data:
             raise RuntimeError("sandbox protocol: a live process got a request that is not its next block")
     return 0

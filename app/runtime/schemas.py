@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from app.runtime.protocol import CallRunner, Runner, call_digest
+from app.runtime.protocol import CallRunner, Runner, WireEntry, WireLimits, call_digest
 
 __all__ = ["CallRunner", "Runner"]
 # The words turns paused before the one vocabulary stored for ``HelperCall.runs``.
@@ -31,6 +31,21 @@ class Limits(BaseModel):
     # The conversation's working directory: bytes allocated and entries (files, directories).
     disk_mb: int = Field(default=1024, gt=0)
     disk_files: int = Field(default=10_000, gt=0)
+
+    def to_wire(self) -> WireLimits:
+        """The limits as the child reads them."""
+        return WireLimits(
+            cpu_seconds=self.cpu_seconds,
+            memory_mb=self.memory_mb,
+            wall_clock_seconds=self.wall_clock_seconds,
+            max_processes=self.max_processes,
+            file_size_mb=self.file_size_mb,
+            open_files=self.open_files,
+            stdout_bytes=self.stdout_bytes,
+            snapshot_bytes=self.snapshot_bytes,
+            disk_mb=self.disk_mb,
+            disk_files=self.disk_files,
+        )
 
 
 class SandboxTool(BaseModel):
@@ -97,7 +112,10 @@ class CallReply(BaseModel):
 
 
 class JournalEntry(BaseModel):
-    """One completed helper call of a block, replayed (not re-run) when the block runs again."""
+    """One completed helper call of a block, replayed (not re-run) when the block runs again.
+
+    The one converter of journal entries: built from an answer (``of``, ``for_call``), stored as
+    this model, sent to the child as ``to_wire()``."""
 
     name: str
     digest: str
@@ -106,18 +124,33 @@ class JournalEntry(BaseModel):
     error_message: str | None = None
 
     @classmethod
-    def for_call(cls, call: HelperCall, reply: CallReply) -> JournalEntry:
-        """The entry recording ``reply`` as the answer to ``call`` (e.g. a pending tool call)."""
+    def of(
+        cls, name: str, digest: str, *, value: Any = None, error: tuple[str | None, str | None] | None
+    ) -> JournalEntry:
+        """A call that returned ``value``, or (``error``: its type and message) raised."""
+        if error is None:
+            return cls(name=name, digest=digest, value=value)
+        return cls(name=name, digest=digest, error_type=error[0] or "Error", error_message=error[1] or "")
+
+    @classmethod
+    def for_call(cls, call: HelperCall, reply: CallReply, *, digest: str | None = None) -> JournalEntry:
+        """The entry recording ``reply`` as the answer to ``call`` (e.g. a pending tool call);
+        ``digest``: the call's, when already known."""
         if reply.kind in ("suspend", "deferred"):
             raise ValueError(f"a {reply.kind} reply is not an answer")
-        if reply.kind == "error":
-            return cls(
-                name=call.name,
-                digest=call.digest(),
-                error_type=reply.error_type or "Error",
-                error_message=reply.error_message or "",
-            )
-        return cls(name=call.name, digest=call.digest(), value=reply.value)
+        error = (reply.error_type, reply.error_message) if reply.kind == "error" else None
+        return cls.of(call.name, digest or call.digest(), value=reply.value, error=error)
+
+    @property
+    def failed(self) -> bool:
+        """Whether the call raised."""
+        return self.error_type is not None or self.error_message is not None
+
+    def to_wire(self) -> WireEntry:
+        """The entry as the child reads it (``protocol.WireEntry``)."""
+        if not self.failed:
+            return [self.name, self.digest, self.value]
+        return [self.name, self.digest, None, self.error_type or "Error", self.error_message or ""]
 
 
 BlockProcess = Literal["fresh", "live", "resumed"]

@@ -1586,7 +1586,11 @@ export interface components {
             /** Warnings */
             warnings: string[];
         };
-        /** Usage */
+        /**
+         * Usage
+         * @description Token and call totals: a turn's running ones (all LLM calls, the loop's and the helpers'), as
+         *     stored with the turn and as the API shows them for a turn or a conversation.
+         */
         Usage: {
             /**
              * Input Tokens

@@ -35,7 +35,8 @@ class ConversationOut:
         persona (str):
         status (ConversationOutStatus):
         updated_at (datetime.datetime):
-        usage (Usage):
+        usage (Usage): Token and call totals: a turn's running ones (all LLM calls, the loop's and the helpers'), as
+            stored with the turn and as the API shows them for a turn or a conversation.
         version (int):
     """
 

@@ -33,7 +33,8 @@ class TurnOut:
         pending_tool_calls (list[PendingToolCall]):
         status (TurnOutStatus):
         turn_id (str):
-        usage (Usage):
+        usage (Usage): Token and call totals: a turn's running ones (all LLM calls, the loop's and the helpers'), as
+            stored with the turn and as the API shows them for a turn or a conversation.
         version (int): The conversation's version after the turn (before it, while it runs).
         warnings (list[str]):
     """

@@ -11,12 +11,14 @@ T = TypeVar("T", bound="Usage")
 
 @_attrs_define
 class Usage:
-    """
-    Attributes:
-        input_tokens (int):  Default: 0.
-        iterations (int):  Default: 0.
-        llm_calls (int):  Default: 0.
-        output_tokens (int):  Default: 0.
+    """Token and call totals: a turn's running ones (all LLM calls, the loop's and the helpers'), as
+    stored with the turn and as the API shows them for a turn or a conversation.
+
+        Attributes:
+            input_tokens (int):  Default: 0.
+            iterations (int):  Default: 0.
+            llm_calls (int):  Default: 0.
+            output_tokens (int):  Default: 0.
     """
 
     input_tokens: int = 0

@@ -1,0 +1,66 @@
+"""The typed pipe: one builder of the ``run`` request, one converter of journal entries."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.runtime.protocol import (
+    PREFIX,
+    PROTOCOL_VERSION,
+    FrameError,
+    as_run_request,
+    decode_header,
+    encode_frame,
+    run_request,
+)
+from app.runtime.schemas import CallReply, HelperCall, JournalEntry, Limits
+
+
+def _through_the_pipe(header: dict[str, object]) -> dict[str, object]:
+    return decode_header(encode_frame(header)[PREFIX.size :])
+
+
+def test_a_run_request_survives_the_pipe_with_every_limit() -> None:
+    limits = Limits(cpu_seconds=3, disk_files=7)
+    request = run_request(
+        code="x = 1",
+        workdir="/w/c1",
+        limits=limits.to_wire(),
+        helpers=["llm_call"],
+        tools={"refund": ("order_id",)},
+        journal=[JournalEntry(name="refund", digest="d", value={"ok": True}).to_wire()],
+        keep=True,
+    )
+    read = as_run_request(_through_the_pipe(dict(request)))
+    assert read == request
+    assert Limits(**read["limits"]) == limits  # all ten fields travel, none is dropped
+    assert "live" not in read
+    assert "pid" not in read
+    live = run_request(code="y", workdir="/w/c1", limits=limits.to_wire(), live_pid=42)
+    assert (live["live"], live["pid"]) == (True, 42)
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        {"t": "reply", "v": PROTOCOL_VERSION},
+        {"t": "run", "v": PROTOCOL_VERSION - 1},
+        {"t": "run"},
+    ],
+)
+def test_a_request_of_another_kind_or_version_is_refused(header: dict[str, object]) -> None:
+    with pytest.raises(FrameError, match="expected a run request"):
+        as_run_request(header)
+
+
+def test_journal_entries_convert_one_way_only() -> None:
+    call = HelperCall(name="refund", runs="caller", args=[], kwargs={}, arguments={}, line=1, code=None)
+    answered = JournalEntry.for_call(call, CallReply(kind="value", value=[1, 2]))
+    assert answered.to_wire() == ["refund", call.digest(), [1, 2]]
+    failed = JournalEntry.for_call(call, CallReply(kind="error", error_type=None, error_message="no"))
+    assert failed.failed
+    assert failed.to_wire() == ["refund", call.digest(), None, "Error", "no"]
+    # A call that returned None is an answer, not a failure.
+    assert not JournalEntry.of("FS.list_files", "d", value=None, error=None).failed
+    with pytest.raises(ValueError, match="not an answer"):
+        JournalEntry.for_call(call, CallReply(kind="suspend"))
