@@ -40,6 +40,13 @@ BLOCK_PROCESSES = Counter(
     "process the conversation's last block left), resumed (its paused block, continued in place).",
     ["process"],
 )
+BLOCK_FAILURES = Counter(
+    "sabre_block_failures_total",
+    "Sandbox blocks the runtime ended because they did not report their own end, by why: limit, "
+    "protocol_violation (the block broke the sandbox protocol: hostile or a runtime bug), killed, "
+    "exited_early, worker_lost.",
+    ["failure"],
+)
 BLOCK_SECONDS = Histogram(
     "sabre_block_seconds",
     "Time a block spent in the sandbox.",

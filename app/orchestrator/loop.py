@@ -25,7 +25,7 @@ from app.helpers.net import FetchLimits
 from app.kit import tracing
 from app.kit.clock import utcnow
 from app.kit.ids import new_id
-from app.kit.metrics import BLOCK_PROCESSES, BLOCK_SECONDS, BLOCKS
+from app.kit.metrics import BLOCK_FAILURES, BLOCK_PROCESSES, BLOCK_SECONDS, BLOCKS
 from app.llm.base import DeltaCallback, LLMClient, LLMError
 from app.orchestrator.messages import (
     HelpersPart,
@@ -252,6 +252,9 @@ class TurnLoop:
                 return _finish("cancelled", last_prose, ctx, messages, snapshot)
             BLOCKS.labels(outcome=outcome.status).inc()
             BLOCK_PROCESSES.labels(process=outcome.process).inc()
+            if outcome.failure is not None:
+                BLOCK_FAILURES.labels(failure=outcome.failure).inc()
+                log.warning("block_failed", turn_id=turn.turn_id, failure=outcome.failure)
             BLOCK_SECONDS.observe(outcome.duration_ms / 1000)
             if outcome.status == "suspended" and outcome.pending is not None:
                 # One pause carries every call the block waits on (a ``parallel(...)`` batch).

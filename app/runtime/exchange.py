@@ -52,7 +52,7 @@ from app.runtime.schemas import (
     Limits,
     SandboxTool,
 )
-from app.runtime.worker_process import WorkerProcess
+from app.runtime.worker_process import WorkerGone, WorkerProcess
 
 logger = logging.getLogger(__name__)
 log = structlog.get_logger(__name__)
@@ -177,8 +177,8 @@ class Exchange:
     async def _send(self, data: bytes) -> None:
         try:
             await self._worker.send(data)
-        except FrameError as exc:
-            raise BlockFailed("error", f"SandboxError: {exc}") from None
+        except WorkerGone as exc:
+            raise BlockFailed("worker_lost", f"SandboxError: {exc}") from None
 
     @property
     def parked_call(self) -> HelperCall | None:
@@ -213,7 +213,7 @@ class Exchange:
                     case "call" if self._pending is None:
                         self._calls += 1
                         if self._calls > MAX_CALLS:
-                            raise BlockFailed("error", f"SandboxError: more than {MAX_CALLS} calls")
+                            raise _violation(f"more than {MAX_CALLS} calls")
                         await self._answer(CallFrame.model_validate(header))
                         if self._parked:
                             return None
@@ -221,7 +221,7 @@ class Exchange:
                         self._records += 1
                         self._record_bytes += self._worker.last_header_bytes
                         if self._records > MAX_RECORDS or self._record_bytes > MAX_JOURNAL_BYTES:
-                            raise BlockFailed("error", "SandboxError: the block's journal is too large")
+                            raise _violation("the block's journal is too large")
                         self._record(RecordFrame.model_validate(header))
                     case "done":
                         return self._done(DoneFrame.model_validate(header), blob)
@@ -231,11 +231,13 @@ class Exchange:
                             log.warning("sandbox_protocol_violation", violation=ended.violation)
                         raise exit_failure(ended, limits)
                     case tag:
-                        raise BlockFailed("error", f"SandboxError: unexpected {tag!r} frame")
+                        raise _violation(f"unexpected {tag!r} frame")
+        except WorkerGone as exc:
+            raise BlockFailed("worker_lost", f"SandboxError: {exc}") from None
         except FrameError as exc:
-            raise BlockFailed("error", f"SandboxError: {exc}") from None
+            raise _violation(str(exc)) from None
         except ValidationError as exc:
-            raise BlockFailed("error", f"SandboxError: malformed frame: {exc.errors()[0]}") from None
+            raise _violation(f"malformed frame: {exc.errors()[0]}") from None
 
     async def _skip_to_stale(self) -> None:
         """After a live child's death: the worker's fresh child says ready, then the worker
@@ -252,8 +254,8 @@ class Exchange:
     async def _answer(self, frame: CallFrame) -> None:
         call = frame.call
         if self._names.get(call.name) != call.runs:
-            raise BlockFailed(
-                "error", f"SandboxError: call to {call.name!r}, which the {call.runs} does not run"
+            raise _violation(
+                f"call to {call.name!r}, which the {call.runs} does not run",
             )
         last = self._step_batch(frame)
         # Calls reach the parent only once the whole journal has been replayed.
@@ -293,19 +295,19 @@ class Exchange:
         index, size = frame.batch if frame.batch is not None else (0, 0)
         if frame.batch is None:
             if self._batch[1]:
-                raise BlockFailed("error", "SandboxError: a call in the middle of a parallel batch")
+                raise _violation("a call in the middle of a parallel batch")
             return True
         if frame.call.runs != "caller" or index != self._batch[0] or index >= size:
-            raise BlockFailed("error", "SandboxError: a parallel batch out of order")
+            raise _violation("a parallel batch out of order")
         if self._batch[1] and size != self._batch[1]:
-            raise BlockFailed("error", "SandboxError: a parallel batch changed its size")
+            raise _violation("a parallel batch changed its size")
         self._batch = (0, 0) if index == size - 1 else (index + 1, size)
         return index == size - 1
 
     def _record(self, frame: RecordFrame) -> None:
         """Journal a sandbox-side helper the child ran (it reports after the journal replayed)."""
         if frame.name not in JOURNALED_SANDBOX_HELPERS and frame.name not in self._local:
-            raise BlockFailed("error", f"SandboxError: a record of an unknown helper {frame.name!r}")
+            raise _violation(f"a record of an unknown helper {frame.name!r}")
         self._replayed = len(self._replay)
         self._live = True
         failed = frame.error_type is not None or frame.error_message is not None
@@ -319,27 +321,27 @@ class Exchange:
             return blob, []
         end = len(blob) - sum(frame.figures)
         if end < 0:
-            raise BlockFailed("error", "SandboxError: the figures do not fit in the frame")
+            raise _violation("the figures do not fit in the frame")
         figures: list[bytes] = []
         start = end
         for size in frame.figures:
             image = blob[start : start + size]
             if not image.startswith(PNG_SIGNATURE):
-                raise BlockFailed("error", "SandboxError: a figure is not a PNG")
+                raise _violation("a figure is not a PNG")
             figures.append(image)
             start += size
         return blob[:end], figures
 
     def _done(self, frame: DoneFrame, blob: bytes) -> BlockOutcome:
         if (frame.status == "suspended") != (self._pending is not None):
-            raise BlockFailed("error", "SandboxError: the block's process ignored a suspend")
+            raise _violation("the block's process ignored a suspend")
         if frame.replayed > len(self._replay) or (self._live and frame.replayed != len(self._replay)):
-            raise BlockFailed("error", "SandboxError: inconsistent replay count")
+            raise _violation("inconsistent replay count")
         self._replayed = frame.replayed
         self.live = frame.live and self._keep and frame.status in ("ok", "error")
         blob, figures = self._figures(frame, blob)
         if len(blob) > self._limits.snapshot_bytes:
-            raise BlockFailed("error", "SandboxError: the snapshot is larger than its limit")
+            raise _violation("the snapshot is larger than its limit")
         keep_snapshot = frame.status in ("ok", "error") and bool(blob)
         # Every field is validated already (the frame above, the journal by its model).
         return BlockOutcome.model_construct(
@@ -356,6 +358,11 @@ class Exchange:
             more_pending=self._deferred if self._pending is not None else [],
             figures=figures if frame.status in ("ok", "error") else [],
         )
+
+
+def _violation(message: str) -> BlockFailed:
+    """The block broke the sandbox protocol: it is failed, and its worker recycled."""
+    return BlockFailed("protocol_violation", f"SandboxError: {message}")
 
 
 def encode_reply(reply: CallReply) -> bytes:

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.runtime.protocol import MAX_FIGURE_BYTES, MAX_FIGURES, MAX_PARALLEL_CALLS, limit_label
-from app.runtime.schemas import HelperCall, Limits
+from app.runtime.schemas import BlockFailure, HelperCall, Limits
 
 
 class Frame(BaseModel):
@@ -93,18 +93,22 @@ class LiveGone(Exception):
 
 class BlockFailed(Exception):
     """The block ended without reporting (killed, timed out, garbage): the worker is recycled
-    and the outcome built from this."""
+    and the outcome built from this. ``failure`` is the stable code of why, ``message`` the text
+    the model is shown (a limit's label, or ``SandboxError: ...``)."""
 
-    def __init__(self, status: Literal["error", "limit"], message: str) -> None:
+    def __init__(self, failure: BlockFailure, message: str) -> None:
         super().__init__(message)
-        self.status = status
+        self.failure: BlockFailure = failure
+        self.status: Literal["error", "limit"] = "limit" if failure == "limit" else "error"
         self.message = message
 
 
 def exit_failure(frame: ExitFrame, limits: Limits) -> BlockFailed:
     """Map how a child died (before reporting) to the block's limit or error."""
     if frame.violation is not None:
-        return BlockFailed("error", f"SandboxError: the block broke the sandbox protocol ({frame.violation})")
+        return BlockFailed(
+            "protocol_violation", f"SandboxError: the block broke the sandbox protocol ({frame.violation})"
+        )
     if frame.limit is not None:
         return BlockFailed("limit", limit_label(frame.limit, limits.model_dump()))
     if frame.signal == signal.SIGXCPU or (
@@ -118,8 +122,8 @@ def exit_failure(frame: ExitFrame, limits: Limits) -> BlockFailed:
         name = signal.Signals(frame.signal).name if frame.signal in signal.valid_signals() else ""
         hint = " (possibly out of memory)" if frame.signal == signal.SIGKILL else ""
         return BlockFailed(
-            "error", f"SandboxError: the block's process was killed by {name or frame.signal}{hint}"
+            "killed", f"SandboxError: the block's process was killed by {name or frame.signal}{hint}"
         )
     return BlockFailed(
-        "error", f"SandboxError: the block's process exited with code {frame.code} before it finished"
+        "exited_early", f"SandboxError: the block's process exited with code {frame.code} before it finished"
     )

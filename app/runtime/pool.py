@@ -555,6 +555,7 @@ class RuntimePool:
                 pending=None,
                 duration_ms=(time.perf_counter() - started) * 1e3,
                 process=process,
+                failure=failed.failure,
             )
         except BaseException:
             self._retire(worker)

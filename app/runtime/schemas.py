@@ -154,6 +154,11 @@ class JournalEntry(BaseModel):
 
 
 BlockProcess = Literal["fresh", "live", "resumed"]
+# Why the runtime ended a block that did not report its own end (stable codes, for metrics and logs):
+# a resource limit; the block broke the protocol (a frame the child may not send, a lie about its
+# replay, a forged figure); its process was killed by a signal (often the memory limit) or exited
+# before reporting; or the worker itself died.
+BlockFailure = Literal["limit", "protocol_violation", "killed", "exited_early", "worker_lost"]
 
 
 class BlockOutcome(BaseModel):
@@ -176,6 +181,8 @@ class BlockOutcome(BaseModel):
     - ``figures``: PNG images of the matplotlib figures the block left open (then closed), for
       ``ok`` and ``error`` outcomes: at most 10 of at most 5 MB each, each checked to start with
       the PNG signature (never decoded by the parent).
+    - ``failure``: why the runtime ended the block when it did not report its own end (``error``
+      or ``limit`` then says it in words); None when it did.
     - ``process``: where it ran: ``fresh`` (a new fork, restoring the snapshot and replaying the
       journal), ``live`` (the process its conversation's last block left live) or ``resumed`` (its
       own paused block, continued in the process that kept it).
@@ -194,6 +201,7 @@ class BlockOutcome(BaseModel):
     figures: list[bytes] = Field(default_factory=list)  # PNG images of the figures the block left open
     more_pending: list[HelperCall] = Field(default_factory=list)
     process: BlockProcess = "fresh"
+    failure: BlockFailure | None = None
 
     @property
     def all_pending(self) -> list[HelperCall]:

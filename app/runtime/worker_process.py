@@ -19,6 +19,10 @@ from app.runtime.frames import ReadyFrame
 from app.runtime.protocol import MAX_HEADER_BYTES, PREFIX, FrameError, decode_header, decode_prefix
 
 
+class WorkerGone(FrameError):
+    """The worker's pipe closed: it died (or was killed), whatever its block was doing."""
+
+
 def worker_env() -> dict[str, str]:
     """The whole environment of a worker and its children: built from scratch, no secrets.
 
@@ -58,7 +62,7 @@ class WorkerProcess:
             header_len, blob_len = decode_prefix(prefix, max_header=max_header, max_blob=max_blob)
             data = await self._stdout.readexactly(header_len + blob_len)
         except asyncio.IncompleteReadError:
-            raise FrameError("the sandbox worker closed its pipe (it died)") from None
+            raise WorkerGone("the sandbox worker closed its pipe (it died)") from None
         self.last_header_bytes = header_len
         return decode_header(data[:header_len]), data[header_len:]
 
@@ -68,7 +72,7 @@ class WorkerProcess:
             self._stdin.write(data)
             await self._stdin.drain()
         except (ConnectionError, RuntimeError) as exc:  # RuntimeError: the transport is closed
-            raise FrameError(f"the sandbox worker closed its pipe (it died): {exc}") from None
+            raise WorkerGone(f"the sandbox worker closed its pipe (it died): {exc}") from None
 
     def kill(self) -> None:
         """SIGKILL the child's process group (the code and what it started) and the worker.

@@ -528,6 +528,7 @@ async def test_a_done_whose_figure_sizes_lie_fails_only_its_block(pool: RuntimeP
         assert outcome.status == "error", (figures, outcome)
         assert outcome.error is not None
         assert "SandboxError" in outcome.error
+        assert outcome.failure == "protocol_violation"
     await assert_pool_works(pool, tmp_path)
 
 

@@ -42,6 +42,7 @@ async def test_busy_loop_hits_the_wall_clock(pool: RuntimePool, tmp_path: Path) 
     assert outcome.limit == "wall_clock 1s"
     assert outcome.stdout == "started\n"  # the child ended itself and kept its output
     assert outcome.snapshot is None
+    assert outcome.failure is None  # it reported its own end
     await assert_pool_works(pool, tmp_path)
 
 
@@ -54,6 +55,7 @@ async def test_code_that_ignores_the_wall_clock_is_killed(pool: RuntimePool, tmp
     )
     assert outcome.status == "limit"
     assert outcome.limit == "wall_clock 1s"
+    assert outcome.failure == "limit"  # the runtime ended it
     await assert_pool_works(pool, tmp_path)
     await assert_pool_works(pool, tmp_path)
 
@@ -161,6 +163,7 @@ async def test_garbage_on_the_protocol_pipe_fails_the_block(pool: RuntimePool, t
     # The worker read it from the block's own channel, refused it and killed the block.
     assert outcome.error.startswith("SandboxError: the block broke the sandbox protocol")
     assert "frame header of 4294967295 bytes" in outcome.error
+    assert outcome.failure == "protocol_violation"
     await assert_pool_works(pool, tmp_path)
 
 
@@ -177,8 +180,27 @@ async def test_pool_survives_its_worker_being_killed(pool: RuntimePool, tmp_path
         assert "PermissionError" in outcome.error
     else:
         assert "died" in outcome.error
+        assert outcome.failure == "worker_lost"
     for _ in range(3):
         await assert_pool_works(pool, tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("code", "failure", "says"),
+    [
+        ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n", "killed", "killed by SIGKILL"),
+        ("import os\nos._exit(3)\n", "exited_early", "exited with code 3 before it finished"),
+    ],
+)
+async def test_a_block_that_dies_without_reporting_fails_with_a_stable_code(
+    pool: RuntimePool, tmp_path: Path, code: str, failure: str, says: str
+) -> None:
+    outcome = await run(pool, code, workdir=tmp_path)
+    assert outcome.status == "error"
+    assert outcome.failure == failure
+    assert outcome.error is not None
+    assert says in outcome.error
+    await assert_pool_works(pool, tmp_path)
 
 
 async def test_two_blocks_run_at_once(tmp_path: Path) -> None:
