@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +14,12 @@ from pydantic import BaseModel
 
 from app.auth.dependencies import Tenant
 from app.config import Settings
+from app.conversations.schemas import TurnErrorBody
 from app.kit.json_body import StrictJSONRoute
 from app.kit.openapi import add_component_schemas
 from app.main import create_app, openapi_json
 from app.openai_compat.schemas import ChatCompletionChunk as ChunkModel
+from app.orchestrator.loop import TurnErrorCode
 
 SPEC = Path(__file__).resolve().parents[1] / "openapi" / "openapi.json"
 
@@ -169,3 +172,15 @@ def test_routes_added_later_get_the_same_treatment() -> None:
     }
     assert {"401", "413", "422", "503"} <= set(post["responses"])
     assert spec["paths"]["/v1/examples/{example_id}"]["get"]["operationId"] == "examples.get"
+
+
+def test_the_spec_names_every_turn_error_code() -> None:
+    """``TurnErrorBody.code`` is a string (codes may be added), so the spec lists them in words: all
+    of ``TurnErrorCode``, and no other."""
+
+    def flat(tp: object) -> set[str]:
+        args = typing.get_args(tp)
+        return set().union(*(flat(a) for a in args)) if args else {str(tp)}
+
+    described = TurnErrorBody.model_fields["code"].description or ""
+    assert set(re.findall(r"`([a-z_]+)`", described)) == flat(TurnErrorCode)

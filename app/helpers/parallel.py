@@ -1,6 +1,6 @@
 """``parallel(...)``: several tool calls at once; the caller's tools are all sent in one pause.
 
-Runs in the sandbox (``app.runtime.sandbox``); this module documents it for the prompt and
+Runs in the sandbox (``app.runtime.child``); this module documents it for the prompt and
 ``helpers()``. The external calls of one ``parallel`` reach the caller together, as one list of
 ``pending_tool_calls`` (a Chat Completions client sees several ``tool_calls``), and the block goes
 on with every value once the caller answers them all.

@@ -117,7 +117,11 @@ def create_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]
 
 
 async def get_session(request: Request) -> AsyncIterator[AsyncSession]:
-    """The request's unit of work: committed when the endpoint returns, rolled back on error."""
+    """The request's unit of work: committed when the endpoint returns, rolled back on error.
+
+    Function-scoped (``Session``): it ends before the response is sent, so a client never gets a
+    success for a write that is not committed (nor reads, right after a 2xx, what it just changed
+    as it was before: a ``DELETE`` then a ``GET`` found the conversation still there)."""
     maker: async_sessionmaker[AsyncSession] = request.app.state.sessionmaker
     async with maker() as session:
         try:
@@ -129,7 +133,7 @@ async def get_session(request: Request) -> AsyncIterator[AsyncSession]:
             await session.commit()
 
 
-Session = Annotated[AsyncSession, Depends(get_session)]
+Session = Annotated[AsyncSession, Depends(get_session, scope="function")]
 
 
 def store_location(url: str) -> str:

@@ -26,7 +26,7 @@ from app.kit import tracing
 from app.kit.clock import utcnow
 from app.kit.ids import new_id
 from app.kit.metrics import BLOCK_FAILURES, BLOCK_PROCESSES, BLOCK_SECONDS, BLOCKS
-from app.llm.base import DeltaCallback, LLMClient, LLMError
+from app.llm.base import DeltaCallback, LLMClient, LLMError, LLMErrorCode
 from app.orchestrator.messages import (
     HelpersPart,
     HelpersResultPart,
@@ -47,11 +47,20 @@ T = TypeVar("T")
 TurnStatus = Literal["completed", "awaiting_tool_results", "failed", "cancelled"]
 
 
+# Why a turn failed, as ``TurnErrorBody.code`` tells API clients: the model server's (``LLMErrorCode``),
+# or the turn's own: the model did not finish in max_iterations; its outcome could not be stored; another
+# turn took the conversation first; the server running it stopped; an unexpected failure (logged).
+TurnErrorCode = (
+    LLMErrorCode
+    | Literal["max_iterations_reached", "turn_not_stored", "turn_superseded", "runner_lost", "internal_error"]
+)
+
+
 @dataclass(frozen=True, slots=True)
 class TurnError:
     """Why a turn failed: a stable code, a readable message, and whether retrying can help."""
 
-    code: str
+    code: TurnErrorCode
     message: str
     retryable: bool = False
 

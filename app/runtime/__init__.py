@@ -10,9 +10,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from app.runtime.child.namespace import ToolError
     from app.runtime.pool import RuntimePool
     from app.runtime.protocol import call_digest, decode_header, encode_frame
-    from app.runtime.sandbox import ToolError
     from app.runtime.schemas import BlockOutcome, CallReply, HelperCall, JournalEntry, Limits, SandboxTool
 
 __all__ = [
@@ -31,7 +31,7 @@ __all__ = [
 
 _HOMES = {
     "RuntimePool": "app.runtime.pool",
-    "ToolError": "app.runtime.sandbox",
+    "ToolError": "app.runtime.child.namespace",
     "call_digest": "app.runtime.protocol",
     "decode_header": "app.runtime.protocol",
     "encode_frame": "app.runtime.protocol",

@@ -44,7 +44,7 @@ _EXIT_POLL_SECONDS: Final = 0.05
 
 
 class Host(Protocol):
-    """What the helpers need from the block that runs them (``sandbox._Block``)."""
+    """What the helpers need from the block that runs them (``child.block.Block``)."""
 
     @property
     def workdir(self) -> Path:

@@ -35,7 +35,9 @@ import traceback
 from collections.abc import Sequence
 from typing import Final
 
-from app.runtime import isolation, sandbox
+from app.runtime import isolation
+from app.runtime.child.main import serve_one, warm_up
+from app.runtime.child.process import die_with_parent
 from app.runtime.protocol import write_frame
 from app.runtime.relay import ChildLink, ServerClosed, Violation
 
@@ -114,7 +116,7 @@ def _fork_child(log_fd: int) -> tuple[int, int, int]:
         try:
             _arrange_child_fds(channel=theirs, output=output_write, log=log_fd)
             isolation.after_fork()  # still single-threaded: its own namespaces, while idle
-            code = sandbox.serve_one(channel=CHANNEL_FD, log_fd=LOG_FD)
+            code = serve_one(channel=CHANNEL_FD, log_fd=LOG_FD)
         except BaseException:
             # Runtime bugs go to the log (closed once the block's code may run: then the exit
             # code tells).
@@ -198,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         workspaces=options.workspaces,
         identity=isolation.Identity.parse(options.identity) if options.identity else None,
     )
-    sandbox.die_with_parent()
+    die_with_parent()
     # matplotlib picks its config and cache directory once, at import: this worker's own (its
     # home may not exist, e.g. nobody's); blocks get the environment without it.
     config = tempfile.mkdtemp(prefix="matplotlib-")
@@ -208,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in filter(None, options.preload.split(",")):
         importlib.import_module(name)
     del os.environ["MPLCONFIGDIR"]
-    sandbox.warm_up()
+    warm_up()
     return _serve(proto_in=proto_in, proto_out=proto_out, log_fd=log_fd)
 
 

@@ -10,8 +10,9 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
-from sqlalchemy import delete, text
+from sqlalchemy import delete, event, text
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session as SyncSession
 
 from app.auth.service import create_key
 from app.kit.db import APPLICATION_NAME, create_engine, create_sessionmaker
@@ -211,3 +212,36 @@ async def test_a_transaction_left_idle_past_the_lease_is_ended_by_the_server(mak
                 await session.execute(text("SELECT 1"))
         assert "connection is closed" in str(ended.value)  # the server ended it
         assert (await client.get("/readyz")).status_code == 200  # the pool goes on with a new one
+
+
+async def test_a_write_is_committed_before_its_response_is_sent(
+    client: httpx.AsyncClient, llm: ScriptedLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that gets a 2xx may read its own write: a ``DELETE`` then a ``GET`` found the
+    conversation still there (the request's transaction was committed after the response)."""
+    llm.script("Hello.")
+    created = (await client.post("/v1/conversations", json={"input": "hi"})).json()
+    happened: list[str] = []
+
+    def committed(_: SyncSession) -> None:
+        happened.append("commit")
+
+    app = client.app  # type: ignore[attr-defined]
+    inner = app.build_middleware_stack()
+
+    async def recording(scope: Any, receive: Any, send: Any) -> None:
+        async def sending(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                happened.append(f"response {message['status']}")
+            await send(message)
+
+        await inner(scope, receive, sending)
+
+    monkeypatch.setattr(app, "middleware_stack", recording)
+    event.listen(SyncSession, "after_commit", committed)
+    try:
+        deleted = await client.delete(f"/v1/conversations/{created['conversation_id']}")
+    finally:
+        event.remove(SyncSession, "after_commit", committed)
+    assert deleted.status_code == 204, deleted.text
+    assert happened == ["commit", "response 204"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import pytest
@@ -208,3 +209,16 @@ async def test_traceback_through_a_function_of_an_earlier_block(pool: RuntimePoo
         "  line 2: ratio(x, 0)\n"
         "  line 2 in ratio (a function from an earlier block)"
     )
+
+
+async def test_a_tool_error_saved_under_its_old_module_still_loads() -> None:
+    """Snapshots from before the child's code moved to ``app.runtime.child`` name a caught
+    ``ToolError`` in ``app.runtime.sandbox``."""
+    from app.runtime.child.namespace import ToolError
+
+    saved = pickle.dumps(ToolError("no such order", "NotFound"), protocol=0)
+    assert b"capp.runtime.child.namespace\nToolError\n" in saved
+    old = saved.replace(b"capp.runtime.child.namespace\nToolError\n", b"capp.runtime.sandbox\nToolError\n")
+    loaded = pickle.loads(old)
+    assert type(loaded) is ToolError
+    assert str(loaded) == "no such order"

@@ -13,7 +13,9 @@ T = TypeVar("T", bound="TurnErrorBody")
 class TurnErrorBody:
     """
     Attributes:
-        code (str):
+        code (str): Stable: `llm_unavailable`, `llm_rate_limited`, `llm_bad_response`, `llm_bad_request` (the model
+            server), `max_iterations_reached`, `turn_not_stored`, `turn_superseded`, `runner_lost`, `internal_error`. A
+            string, not an enum: a later version may add codes.
         message (str):
         retryable (bool):
     """
