@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Final, Literal
 from urllib.parse import urlsplit
@@ -83,7 +83,11 @@ class Resources:
 @asynccontextmanager
 async def open_resources(settings: Settings, *, role: Role = "api") -> AsyncIterator[Resources]:
     """Open every shared resource of one process (an API server or a ``sabre worker``), close them
-    on exit; ``StartupError`` says why the process must not start."""
+    on exit; ``StartupError`` says why the process must not start.
+
+    Each resource is closed by an exit stack from the moment it is open, in the reverse order:
+    whatever fails (at start-up, or one close among the others), nothing opened before is left
+    open (a failed start left the store's engine, the workers, Redis and tracing running)."""
     try:
         static_keys = settings.static_api_keys()
     except ValueError as exc:
@@ -94,7 +98,6 @@ async def open_resources(settings: Settings, *, role: Role = "api") -> AsyncIter
     except ValueError as exc:
         raise StartupError(str(exc)) from None
     personas = load_configured_personas(settings)
-    mcp = _mcp_manager(settings, personas=personas.values())
 
     try:
         secure_data_dir(settings.data_dir)
@@ -103,121 +106,115 @@ async def open_resources(settings: Settings, *, role: Role = "api") -> AsyncIter
             f"The data directory {settings.data_dir} cannot be used ({exc.strerror or exc}): it must be "
             "writable by this user (SABRE_DATA_DIR)."
         ) from None
-    engine, stored_keys = await _open_store(settings)
-    sessionmaker = create_sessionmaker(engine)
-    open_mode = not static_keys and stored_keys == 0
-    if open_mode and not is_loopback(settings.host):
-        await engine.dispose()
-        raise StartupError(
-            f"No API keys are configured, so SABRE only listens on a loopback address, not "
-            f"{settings.host!r}. Set SABRE_API_KEYS=tenant:key or run `sabre keys create`."
-        )
-    try:
+    async with AsyncExitStack() as stack:
+        stack.callback(tracing.stop_tracing)  # last: spans of the closes below are still exported
+        mcp = _mcp_manager(settings, personas=personas.values())
+        stack.push_async_callback(mcp.aclose)
+        engine, stored_keys = await _open_store(settings)
+        stack.push_async_callback(engine.dispose)
+        sessionmaker = create_sessionmaker(engine)
+        open_mode = not static_keys and stored_keys == 0
+        if open_mode and not is_loopback(settings.host):
+            raise StartupError(
+                f"No API keys are configured, so SABRE only listens on a loopback address, not "
+                f"{settings.host!r}. Set SABRE_API_KEYS=tenant:key or run `sabre keys create`."
+            )
         _check_model(settings)
         await _check_redis(settings)
-    except StartupError:
-        await engine.dispose()
-        raise
 
-    # Off a keyless loopback-only server, blocks never run without namespaces unless
-    # SABRE_SANDBOX=process says so: auto refuses to fall back.
-    namespaces_required = _namespaces_required(settings, open_mode=open_mode)
-    pool = RuntimePool(
-        size=settings.runtime_workers,
-        preload=settings.preload_modules,
-        sandbox=settings.sandbox,
-        workspaces=settings.workspaces_dir,
-        live_seconds=settings.runtime_live_seconds,
-        fallback=namespaces_required is None,
-        bwrap=None if settings.bwrap_path is None else str(settings.bwrap_path),
-    )
-    try:
-        await pool.start()
-    except RuntimeError as exc:
-        await engine.dispose()
-        raise StartupError(_sandbox_problem(settings, pool, exc, namespaces_required)) from exc
-    if pool.fallback_reason is not None:
-        log.warning(
-            "sandbox_fallback_to_process",
-            reason=pool.fallback_reason,
-            allowed_because="no API keys are configured and SABRE_HOST is a loopback address",
-            consequence=(
-                "blocks run without namespaces; with API keys or another address SABRE refuses to "
-                "start until bubblewrap works (README, Sandbox)"
-            ),
+        # Off a keyless loopback-only server, blocks never run without namespaces unless
+        # SABRE_SANDBOX=process says so: auto refuses to fall back.
+        namespaces_required = _namespaces_required(settings, open_mode=open_mode)
+        pool = RuntimePool(
+            size=settings.runtime_workers,
+            preload=settings.preload_modules,
+            sandbox=settings.sandbox,
+            workspaces=settings.workspaces_dir,
+            live_seconds=settings.runtime_live_seconds,
+            fallback=namespaces_required is None,
+            bwrap=None if settings.bwrap_path is None else str(settings.bwrap_path),
         )
+        stack.push_async_callback(pool.aclose)
+        try:
+            await pool.start()
+        except RuntimeError as exc:
+            raise StartupError(_sandbox_problem(settings, pool, exc, namespaces_required)) from exc
+        if pool.fallback_reason is not None:
+            log.warning(
+                "sandbox_fallback_to_process",
+                reason=pool.fallback_reason,
+                allowed_because="no API keys are configured and SABRE_HOST is a loopback address",
+                consequence=(
+                    "blocks run without namespaces; with API keys or another address SABRE refuses to "
+                    "start until bubblewrap works (README, Sandbox)"
+                ),
+            )
 
-    if tracing.start_tracing(settings):  # stopped with the rest below
-        tracing.instrument_engine(engine)
-    redis: Redis | None = create_redis(settings.redis_url) if settings.redis_url else None
-    locks: ConversationLocks = (
-        RedisLocks(redis, lease_seconds=settings.lock_lease_seconds)
-        if redis is not None
-        else DatabaseLocks(sessionmaker, lease_seconds=settings.lock_lease_seconds)
-    )
-    llm = make_llm_client(
-        api=settings.llm_api,
-        base_url=settings.openai_base_url,
-        api_key=settings.openai_api_key.get_secret_value() if settings.openai_api_key else None,
-        timeout=settings.llm_timeout_seconds,
-        max_retries=settings.llm_max_retries,
-        retry_base_delay=settings.llm_retry_base_delay,
-    )
+        if tracing.start_tracing(settings):
+            tracing.instrument_engine(engine)
+        redis: Redis | None = create_redis(settings.redis_url) if settings.redis_url else None
+        if redis is not None:
+            stack.push_async_callback(redis.aclose)
+        locks: ConversationLocks = (
+            RedisLocks(redis, lease_seconds=settings.lock_lease_seconds)
+            if redis is not None
+            else DatabaseLocks(sessionmaker, lease_seconds=settings.lock_lease_seconds)
+        )
+        llm = make_llm_client(
+            api=settings.llm_api,
+            base_url=settings.openai_base_url,
+            api_key=settings.openai_api_key.get_secret_value() if settings.openai_api_key else None,
+            timeout=settings.llm_timeout_seconds,
+            max_retries=settings.llm_max_retries,
+            retry_base_delay=settings.llm_retry_base_delay,
+        )
+        stack.push_async_callback(llm.aclose)
 
-    bus: EventBus = RedisBus(redis) if redis is not None else LocalBus()
-    control = TurnControl(bus)
-    resources = Resources(
-        settings=settings,
-        engine=engine,
-        sessionmaker=sessionmaker,
-        redis=redis,
-        locks=locks,
-        personas=personas,
-        authenticator=Authenticator(static_keys=static_keys, open_mode=open_mode),
-        pool=pool,
-        mcp=mcp,
-        llm=llm,
-        turn_loop=TurnLoop(
-            llm=llm,
+        bus: EventBus = RedisBus(redis) if redis is not None else LocalBus()
+        stack.push_async_callback(bus.aclose)
+        control = TurnControl(bus)
+        resources = Resources(
+            settings=settings,
+            engine=engine,
+            sessionmaker=sessionmaker,
+            redis=redis,
+            locks=locks,
+            personas=personas,
+            authenticator=Authenticator(static_keys=static_keys, open_mode=open_mode),
             pool=pool,
-            max_output_chars=settings.max_output_chars,
-            images=settings.llm_images,
-            fetch_limits=FetchLimits.from_settings(settings),
-        ),
-        bus=bus,
-        control=control,
-        jobs=build_job_app(settings, blueprints=JOB_BLUEPRINTS),
-        limiter=TenantLimiter(settings, redis=redis),
-    )
-    control.run_here = lambda turn_id: run_stored_turn(resources, turn_id)
-    control.defer = lambda turn_id: defer_turn(resources, turn_id)
-    await control.start()
-    log.info(
-        "sabre_started",
-        role=role,
-        store="sqlite" if settings.is_sqlite else "postgresql",
-        redis=redis is not None,
-        auth="open (loopback only)" if open_mode else "api keys",
-        llm_api=settings.llm_api,
-        sandbox=pool.sandbox,
-        **({"sandbox_reason": pool.fallback_reason} if pool.fallback_reason is not None else {}),
-    )
-    try:
+            mcp=mcp,
+            llm=llm,
+            turn_loop=TurnLoop(
+                llm=llm,
+                pool=pool,
+                max_output_chars=settings.max_output_chars,
+                images=settings.llm_images,
+                fetch_limits=FetchLimits.from_settings(settings),
+            ),
+            bus=bus,
+            control=control,
+            jobs=build_job_app(settings, blueprints=JOB_BLUEPRINTS),
+            limiter=TenantLimiter(settings, redis=redis),
+        )
+        control.run_here = lambda turn_id: run_stored_turn(resources, turn_id)
+        control.defer = lambda turn_id: defer_turn(resources, turn_id)
+        # Closed after the detached turns (control, below): one ending then still queues its webhook.
         await resources.jobs.open_async()
+        stack.push_async_callback(resources.jobs.close_async)
+        stack.push_async_callback(control.aclose)
+        await control.start()
+        log.info(
+            "sabre_started",
+            role=role,
+            store="sqlite" if settings.is_sqlite else "postgresql",
+            redis=redis is not None,
+            auth="open (loopback only)" if open_mode else "api keys",
+            llm_api=settings.llm_api,
+            sandbox=pool.sandbox,
+            **({"sandbox_reason": pool.fallback_reason} if pool.fallback_reason is not None else {}),
+        )
         async with recovering(resources), _job_worker(resources, role=role):
             yield resources
-    finally:
-        await control.aclose()
-        # After the detached turns: one ending now still queues its webhook.
-        await resources.jobs.close_async()
-        await bus.aclose()
-        await mcp.aclose()
-        await pool.aclose()
-        await llm.aclose()
-        if redis is not None:
-            await redis.aclose()
-        await engine.dispose()
-        tracing.stop_tracing()
 
 
 @asynccontextmanager

@@ -142,3 +142,16 @@ async def client(make_client: AppFactory) -> AsyncIterator[httpx.AsyncClient]:
     """A client of an app with default test settings."""
     async with make_client() as c:
         yield c
+
+
+@pytest.fixture(autouse=True)
+def _no_tracing_left_on() -> Iterator[None]:
+    """A test must not leave this process exporting traces: OpenTelemetry's batch processor restarts
+    its export thread in every later fork of the process, and a forked child that confines itself
+    with Landlock (tests/runtime) then finds a thread it did not start."""
+    yield
+    from app.kit import tracing
+
+    if tracing.enabled():
+        tracing.stop_tracing()
+        pytest.fail("the test left tracing on (an app that did not stop it, or a test that started it)")

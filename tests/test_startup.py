@@ -241,3 +241,45 @@ def test_sabre_migrate_with_a_bad_url_says_so_in_one_line(tmp_path: Path) -> Non
     assert done.stdout == ""
     [line] = done.stderr.splitlines()
     assert line.startswith("The store at postgresql+asyncpg://u:***@127.0.0.1:1/db cannot be used")
+
+
+async def test_a_start_that_fails_late_leaves_nothing_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Everything opened before the failure is closed: the sandbox workers, the store, tracing (a
+    tracer left running restarts its export thread in every later fork of the process)."""
+    from app.conversations.control import TurnControl
+    from app.kit import tracing
+    from app.wiring import open_resources
+
+    async def refuse(self: TurnControl) -> None:
+        raise RuntimeError("the bus refused the subscription")
+
+    monkeypatch.setattr(TurnControl, "start", refuse)
+    settings = _settings(tmp_path, tracing_endpoint="http://127.0.0.1:9/v1/traces")
+    before = set(_descendants(os.getpid()))
+    with pytest.raises(RuntimeError, match="refused the subscription"):
+        async with open_resources(settings):
+            pytest.fail("the process started")
+    assert not tracing.enabled()
+    for _ in range(100):  # the workers are killed; their reaping may take a moment
+        if set(_descendants(os.getpid())) <= before:
+            break
+        await asyncio.sleep(0.05)
+    assert set(_descendants(os.getpid())) <= before, "sandbox workers left running"
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (from /proc's children lists)."""
+    found: list[int] = []
+    for child in _children(pid):
+        found += [child, *_descendants(child)]
+    return found
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as listing:
+            return [int(c) for c in listing.read().split()]
+    except OSError:
+        return []
