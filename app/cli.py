@@ -67,7 +67,13 @@ def serve(
         port=settings.port,
         workers=settings.web_workers,
         log_level="warning",
+        # uvicorn kills (and restarts) a worker that misses one 5 s healthcheck: a worker whose
+        # turns keep its CPU busy on a loaded machine would lose every request it holds.
+        timeout_worker_healthcheck=_WORKER_HEALTHCHECK_SECONDS,
     )
+
+
+_WORKER_HEALTHCHECK_SECONDS = 30
 
 
 def _serve_metrics(settings: Settings) -> None:

@@ -143,6 +143,16 @@ def blocks_share_the_server_user(pool: RuntimePool) -> bool:
     return pool.sandbox == "process" and pool.sandbox_owner is None
 
 
+def _until_single_threaded(seconds: float = 5.0) -> None:
+    """Wait (a while) until this forked process has one thread. A fork runs the parent's at-fork
+    handlers, and OpenTelemetry's batch span processor, once any test of this process traced,
+    starts its export thread again in every child: after its shutdown that thread ends at once,
+    but a child that confines itself with Landlock (one thread only, below ABI 8) may look first."""
+    deadline = time.monotonic() + seconds
+    while os.stat("/proc/self/task").st_nlink - 3 > 0 and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
 def in_child(body: Callable[[], Any]) -> tuple[Any, int]:
     """Run ``body`` in a forked child: (what it returned, decoded from JSON; its wait status).
 
@@ -153,6 +163,7 @@ def in_child(body: Callable[[], Any]) -> tuple[Any, int]:
     if pid == 0:  # pragma: no cover - the child
         try:
             os.close(read_fd)
+            _until_single_threaded()
             try:
                 payload = {"value": body()}
             except BaseException:
