@@ -165,4 +165,4 @@ async def test_a_server_killed_during_a_resume_leaves_the_conversation_resumable
         assert [c["id"] for c in state["pending_tool_calls"]] == [call["id"]]
         done = await client.post(f"{b}{path}/tool-results", json=results)
     assert done.status_code == 200, done.text
-    assert done.json()["output"] == "Shipped."
+    assert done.json()["output"] == "Shipped.", (done.json(), [r.last_user_text for r in llm.requests])

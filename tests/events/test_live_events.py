@@ -41,7 +41,10 @@ async def test_a_turn_on_a_is_watched_live_on_b_and_resumed_after_a_disconnect(
         last_id = seen[-1]["id"]
         async with http.stream("GET", url, headers={**sse, "Last-Event-ID": last_id}) as response:
             assert response.status_code == 200
-            rest = parse_sse((await response.aread()).decode())
+            body = (await response.aread()).decode()
+            rest = parse_sse(body)
+        stored_ids = [e["seq"] for e in (await http.get(url, params={"limit": 500})).json()["data"]]
+        assert rest, f"the reconnected watcher got nothing after {last_id}: {body!r}; stored: {stored_ids}"
         assert rest[0]["id"] == str(int(last_id) + 1)
         assert rest[-1]["event"] == "turn.completed"
         stored = (await http.get(url, params={"limit": 500})).json()["data"]
