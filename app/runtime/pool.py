@@ -25,12 +25,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import keyword
-import logging
 import os
 import shutil
 import sys
 import tempfile
 import time
+from collections import deque
 from collections.abc import Awaitable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -57,9 +57,8 @@ from app.runtime.protocol import (
     encode_frame,
 )
 from app.runtime.schemas import BlockOutcome, BlockProcess, CallRunner, JournalEntry, Limits, SandboxTool
-from app.runtime.worker_process import WorkerProcess, worker_env
+from app.runtime.worker_process import WorkerProcess, WorkerState, worker_env
 
-logger = logging.getLogger(__name__)
 log = structlog.get_logger(__name__)
 
 _PROJECT_ROOT: Final = Path(__file__).resolve().parents[2]
@@ -127,8 +126,11 @@ class RuntimePool:
         self._identity: Identity | None = isolation.sandbox_identity()
         self._bwrap: str | None = None
         self._userns_fd: int | None = None
-        self._idle: asyncio.Queue[WorkerProcess] = asyncio.Queue()
+        # Workers not retired, each in its state; the idle ones also in ``_idle``, first come first
+        # served. Any change that may let a waiting ``_acquire`` go on resolves ``_changed``.
         self._workers: set[WorkerProcess] = set()
+        self._idle: deque[WorkerProcess] = deque()
+        self._changed: asyncio.Future[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         self._spawn_error: str | None = None  # why the last replacement failed to start
@@ -136,12 +138,30 @@ class RuntimePool:
         # conversation), least recently used first.
         self._live_seconds = live_seconds
         self._bound: dict[Path, Bound] = {}
-        self._rearming = 0  # workers forking their next child: free in a few milliseconds
 
     @property
     def idle_workers(self) -> int:
         """Workers whose child is forked and waiting for a block (for readiness and metrics)."""
-        return self._idle.qsize()
+        return sum(1 for worker in self._workers if worker.state is WorkerState.IDLE)
+
+    def _set_state(self, worker: WorkerProcess, state: WorkerState) -> None:
+        """Move ``worker`` to ``state``; an idle one queues for ``_acquire``, which is woken."""
+        worker.state = state
+        if state is WorkerState.IDLE:
+            self._idle.append(worker)
+        self._wake()
+
+    def _wake(self) -> None:
+        """Let every waiting ``_acquire`` look again."""
+        if self._changed is not None and not self._changed.done():
+            self._changed.set_result(None)
+        self._changed = None
+
+    async def _changes(self) -> None:
+        """Until the next ``_wake``."""
+        if self._changed is None:
+            self._changed = asyncio.get_running_loop().create_future()
+        await self._changed
 
     @property
     def parked_blocks(self) -> int:
@@ -186,7 +206,7 @@ class RuntimePool:
             raise RuntimeError(f"sandbox worker failed to start: {failures[0]}") from failures[0]
         for worker in results:
             assert isinstance(worker, WorkerProcess)
-            self._idle.put_nowait(worker)
+            self._set_state(worker, WorkerState.IDLE)
 
     async def aclose(self) -> None:
         """Kill every worker (and child); blocks still running end with an error."""
@@ -197,6 +217,9 @@ class RuntimePool:
         workers = list(self._workers)
         for worker in workers:
             worker.kill()
+            worker.state = WorkerState.RETIRED
+        self._idle.clear()
+        self._wake()
         reaping: list[asyncio.Future[Any]] = [asyncio.ensure_future(w.proc.wait()) for w in workers]
         background: list[asyncio.Future[Any]] = list(self._tasks)
         for what, pending in (("workers", reaping), ("tasks", background)):
@@ -402,6 +425,7 @@ class RuntimePool:
         if worker not in self._workers:
             return
         self._workers.discard(worker)
+        self._set_state(worker, WorkerState.RETIRED)
         if not self._closed:
             self._background(self._replace())
 
@@ -412,29 +436,24 @@ class RuntimePool:
                 worker = await self._spawn()
             except Exception as exc:
                 self._spawn_error = str(exc) or type(exc).__name__
-                logger.exception("sandbox worker failed to start; retrying in %.1fs", delay)
+                self._wake()  # with no worker left, a waiting block fails now, saying why
+                log.exception("sandbox_worker_failed_to_start", retry_in_seconds=delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _MAX_RESPAWN_DELAY)
             else:
                 self._spawn_error = None
-                self._idle.put_nowait(worker)
+                self._set_state(worker, WorkerState.IDLE)
                 return
 
     def _start_rearm(self, worker: WorkerProcess) -> None:
-        """After a block: the worker gets its next child in the background (counted at once, so
+        """After a block: the worker gets its next child in the background (rearming at once, so
         ``_acquire`` knows a worker is about to be free)."""
-        self._rearming += 1
+        self._set_state(worker, WorkerState.REARMING)
         self._background(self._rearm(worker, worker.child_pid))
 
     async def _rearm(self, worker: WorkerProcess, child_pid: int | None, *, released: bool = False) -> None:
         """See the block's child exit cleanly and the next child get ready. ``released``: a
         live child told to stop, whose way of ending does not matter (it may have died)."""
-        try:
-            await self._rearm_once(worker, child_pid, released=released)
-        finally:
-            self._rearming -= 1
-
-    async def _rearm_once(self, worker: WorkerProcess, child_pid: int | None, *, released: bool) -> None:
         try:
             async with asyncio.timeout(REARM_TIMEOUT_SECONDS):
                 header, _ = await worker.read(max_blob=0)
@@ -445,11 +464,11 @@ class RuntimePool:
                     raise FrameError(f"the block's process ended oddly: {header}")
                 await worker.await_ready()
         except (FrameError, ValidationError, TimeoutError) as exc:
-            logger.warning("recycling sandbox worker %s: %s", worker.proc.pid, exc)
+            log.warning("sandbox_worker_recycled", worker=worker.proc.pid, reason=str(exc))
             self._retire(worker)
             return
         if not self._closed:
-            self._idle.put_nowait(worker)
+            self._set_state(worker, WorkerState.IDLE)
 
     # Running a block -----------------------------------------------------------------------
 
@@ -501,6 +520,7 @@ class RuntimePool:
         if bound is not None and bound.exchange is not None:
             if bound.resumed_by(code=code, limits=limits, journal=journal):
                 worker, exchange, blocks = bound.worker, bound.exchange, bound.blocks
+                self._set_state(worker, WorkerState.RUNNING)
                 process = "resumed"
                 running = exchange.resume(journal[-1], on_call=on_call)
             else:
@@ -512,6 +532,7 @@ class RuntimePool:
                 and bound.blocks < LIVE_MAX_BLOCKS
             ):
                 worker, blocks = bound.worker, bound.blocks + 1
+                self._set_state(worker, WorkerState.RUNNING)
                 exchange = self._exchange(
                     worker, limits=limits, names=names, journal=journal, on_call=on_call, local=sandbox_tools
                 )
@@ -631,6 +652,7 @@ class RuntimePool:
             oldest = self._bound.pop(next(iter(self._bound)))
             oldest.cancel_timer()
             self._background(self._release(oldest))
+        self._set_state(bound.worker, WorkerState.BOUND)
         bound.timer = self._background(self._expire(workdir, bound))
         self._bound[workdir] = bound
 
@@ -656,10 +678,10 @@ class RuntimePool:
             else:
                 await worker.send(encode_frame({"t": "release"}))
         except (BlockFailed, FrameError) as exc:
-            logger.warning("recycling sandbox worker %s (bound process): %s", worker.proc.pid, exc)
+            log.warning("sandbox_worker_recycled", worker=worker.proc.pid, reason=str(exc), bound=True)
             self._retire(worker)
             return
-        self._rearming += 1
+        self._set_state(worker, WorkerState.REARMING)
         await self._rearm(worker, worker.child_pid, released=bound.exchange is None)
 
     def _block_workdir(self, workdir: Path) -> Path:
@@ -695,26 +717,22 @@ class RuntimePool:
         cannot start one.
         """
         while True:
-            if self._idle.empty() and self._bound and not self._rearming:
+            while self._idle:
+                worker = self._idle.popleft()
+                if worker.state is WorkerState.IDLE and not worker.dead and worker.proc.returncode is None:
+                    self._set_state(worker, WorkerState.RUNNING)
+                    return worker
+            if self._closed:
+                raise RuntimeError("the runtime pool is closed")
+            if not self._workers and self._spawn_error is not None:
+                raise RuntimeError(f"no sandbox worker can start: {self._spawn_error}")
+            if self._bound and not any(w.state is WorkerState.REARMING for w in self._workers):
                 # Every other worker is running a block (none is about to be free): the least
                 # recently used bound process gives its worker back (its conversation replays).
                 oldest = self._bound.pop(next(iter(self._bound)))
                 oldest.cancel_timer()
                 self._background(self._release(oldest))
-            if self._idle.empty():
-                if self._closed:
-                    raise RuntimeError("the runtime pool is closed")
-                if not self._workers and self._spawn_error is not None:
-                    raise RuntimeError(f"no sandbox worker can start: {self._spawn_error}")
-                try:
-                    async with asyncio.timeout(1.0):  # then look at the two conditions again
-                        worker = await self._idle.get()
-                except TimeoutError:
-                    continue
-            else:
-                worker = self._idle.get_nowait()
-            if not worker.dead and worker.proc.returncode is None:
-                return worker
+            await self._changes()
 
 
 async def bwrap_problem(workspaces: Path) -> str | None:

@@ -11,6 +11,7 @@ import contextlib
 import os
 import signal
 import sys
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +38,19 @@ def worker_env() -> dict[str, str]:
     }
 
 
+class WorkerState(StrEnum):
+    """Where a worker is in its life, as the pool sees it (``RuntimePool`` moves it along)."""
+
+    STARTING = "starting"  # its process starts and forks its first child
+    IDLE = "idle"  # its child waits for a block
+    RUNNING = "running"  # its child runs a block
+    BOUND = "bound"  # its child belongs to one conversation: parked in a block, or live between blocks
+    REARMING = "rearming"  # its last child ends and the next is forked: free in a few milliseconds
+    RETIRED = "retired"  # killed (crashed, misbehaved, or the pool closed); a replacement starts
+
+
 class WorkerProcess:
-    """A worker process and the pid of its idle child."""
+    """A worker process, the pid of its current child, and its state."""
 
     def __init__(self, proc: asyncio.subprocess.Process, *, namespaced: bool = False) -> None:
         self.proc = proc
@@ -46,6 +58,7 @@ class WorkerProcess:
         # to signal) here; killing bubblewrap takes the whole namespace down instead.
         self.namespaced = namespaced
         self.child_pid: int | None = None
+        self.state = WorkerState.STARTING
         self.dead = False
         self.last_header_bytes = 0  # of the last frame read (the journal's size is capped)
         assert proc.stdin is not None

@@ -12,6 +12,7 @@ import pytest
 import pytest_asyncio
 
 from app.runtime import CallReply, JournalEntry, RuntimePool
+from app.runtime.worker_process import WorkerState
 from tests.runtime.support import BACKENDS, Recorder, bwrap_unavailable, run
 
 pytestmark = pytest.mark.asyncio(loop_scope="package")
@@ -124,3 +125,43 @@ async def test_parking_never_takes_the_last_worker(parking: RuntimePool, workspa
     assert parking.live_processes == 1  # first's, which ran last
     done = await run(parking, "result(1)", workdir=third)  # a free worker serves another one
     assert done.results == ["1"]
+
+
+async def test_worker_states_follow_a_parked_block_and_its_eviction(workspaces: Path, tmp_path: Path) -> None:
+    """Each worker's state says where it is: bound to the parked block's conversation, running,
+    idle; a block that finds no idle worker makes the parked one give its worker back and wakes
+    when that worker has its next child (no polling)."""
+    pool = RuntimePool(size=2, preload=(), sandbox="process", workspaces=workspaces, live_seconds=30.0)
+    await pool.start()
+    try:
+        await pause(pool, tmp_path)
+        assert sorted(w.state for w in pool._workers) == sorted([WorkerState.BOUND, WorkerState.IDLE])
+        other = Path(tempfile.mkdtemp(prefix="busy-", dir=workspaces))
+        busy = asyncio.ensure_future(run(pool, "import time\ntime.sleep(30)\n", workdir=other))
+        while sorted(w.state for w in pool._workers) != sorted([WorkerState.BOUND, WorkerState.RUNNING]):  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        third = Path(tempfile.mkdtemp(prefix="third-", dir=workspaces))
+        done = await run(pool, "result(3)", workdir=third)
+        assert done.results == ["3"]
+        assert pool.parked_blocks == 0
+        busy.cancel()
+    finally:
+        await pool.aclose()
+
+
+async def test_a_block_waiting_for_a_worker_fails_when_the_pool_closes(
+    workspaces: Path, tmp_path: Path
+) -> None:
+    pool = RuntimePool(size=1, preload=(), sandbox="process", workspaces=workspaces)
+    await pool.start()
+    other = Path(tempfile.mkdtemp(prefix="busy-", dir=workspaces))
+    busy = asyncio.ensure_future(run(pool, "import time\ntime.sleep(30)\n", workdir=other))
+    while [w.state for w in pool._workers] != [WorkerState.RUNNING]:  # noqa: ASYNC110
+        await asyncio.sleep(0.01)
+    waiting = asyncio.ensure_future(run(pool, "result(1)", workdir=tmp_path))
+    await asyncio.sleep(0.2)
+    assert not waiting.done()  # the only worker is busy: it waits
+    await pool.aclose()
+    with pytest.raises(RuntimeError, match="closed"):
+        await waiting
+    assert (await busy).status == "error"  # its worker was killed with the pool
