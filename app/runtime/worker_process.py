@@ -28,14 +28,21 @@ def worker_env() -> dict[str, str]:
     """The whole environment of a worker and its children: built from scratch, no secrets.
 
     HOME is set per block (to its workdir); PYTHONHASHSEED is fixed so that set iteration
-    order, and with it the order of calls, is the same when a block is replayed.
+    order, and with it the order of calls, is the same when a block is replayed. Numerical libraries
+    run single-threaded: a block has one CPU budget for all its threads, and a thread pool that
+    numpy's OpenBLAS started would keep the block's process from staying live for its next block.
     """
     return {
         "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
         "LANG": "C.UTF-8",
         "PYTHONHASHSEED": "0",
         "MPLBACKEND": "Agg",
+        **dict.fromkeys(_THREAD_POOL_VARIABLES, "1"),
     }
+
+
+# Thread-pool sizes of OpenBLAS (numpy's), OpenMP, MKL and the libraries that read them.
+_THREAD_POOL_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 
 
 class WorkerState(StrEnum):

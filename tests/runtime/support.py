@@ -137,6 +137,10 @@ async def wait_until_gone(marker: str, seconds: float = 10.0) -> list[int]:
         await asyncio.sleep(0.05)
 
 
+# The thread-pool sizes every block's environment sets to 1 (``worker_process.worker_env``).
+THREAD_POOLS = ("MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
 def blocks_share_the_server_user(pool: RuntimePool) -> bool:
     """process backend with a server that is not root: blocks run as the server's own user, so
     nothing of the same user (its files, its processes, kill -1) is out of their reach."""

@@ -24,6 +24,7 @@ import pytest
 from app.runtime import Limits, RuntimePool
 from tests.runtime.conftest import SECRETS
 from tests.runtime.support import (
+    THREAD_POOLS,
     assert_pool_works,
     blocks_share_the_server_user,
     bwrap_unavailable,
@@ -181,7 +182,7 @@ result(errors.get('/proc/{server_stand_in}/environ', 'read'))
     assert outcome.results[0] == "[]"
     extra = ["TMPDIR"] if pool.sandbox == "process" else []  # a private one
     assert json.loads(outcome.results[1]) == sorted(
-        ["HOME", "LANG", "MPLBACKEND", "PATH", "PYTHONHASHSEED", *extra]
+        ["HOME", "LANG", "MPLBACKEND", "PATH", "PYTHONHASHSEED", *THREAD_POOLS, *extra]
     )
     # bwrap: the server's pid does not exist in the sandbox; process (as root): not readable.
     assert outcome.results[2] in ("FileNotFoundError", "PermissionError")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from app.runtime import Limits, RuntimePool
-from tests.runtime.support import bwrap_unavailable, run, wait_until_gone
+from tests.runtime.support import THREAD_POOLS, bwrap_unavailable, run, wait_until_gone
 
 pytestmark = pytest.mark.asyncio(loop_scope="package")
 
@@ -120,9 +120,12 @@ async def test_environment_is_clean(pool: RuntimePool, tmp_path: Path) -> None:
     env = json.loads(outcome.results[0])
     # process: a private TMPDIR besides (bwrap: a private /tmp).
     extra = ["TMPDIR"] if pool.sandbox == "process" else []
-    assert sorted(env) == sorted(["HOME", "LANG", "MPLBACKEND", "PATH", "PYTHONHASHSEED", *extra])
+    assert sorted(env) == sorted(
+        ["HOME", "LANG", "MPLBACKEND", "PATH", "PYTHONHASHSEED", *THREAD_POOLS, *extra]
+    )
     assert env["HOME"] == str(tmp_path)
     assert env["MPLBACKEND"] == "Agg"
+    assert {env[name] for name in THREAD_POOLS} == {"1"}  # numerical libraries run single-threaded
     assert outcome.results[1] == str(tmp_path)
 
 

@@ -132,6 +132,20 @@ async def test_a_live_process_keeps_only_what_a_snapshot_keeps(live: RuntimePool
     assert third.results == ["helper 'lookup' is not available in this block", "False", first.results[0]]
 
 
+async def test_a_block_that_imports_numpy_itself_stays_live(live: RuntimePool, workspaces: Path) -> None:
+    """numpy not preloaded: importing it in the block must not start OpenBLAS's thread pool, which
+    would keep the process from staying live (one thread left running ends it, below)."""
+    workdir = conversation(workspaces)
+    first = await run(
+        live, "import numpy as np\nm = np.ones((64, 64)) @ np.ones((64, 64))\n" + PID, workdir=workdir
+    )
+    assert first.status == "ok", first.error
+    second = await run(live, "result(float(m[0, 0]))\n" + PID, workdir=workdir, snapshot=first.snapshot)
+    assert second.status == "ok", second.error
+    assert second.process == "live"
+    assert second.results == ["64.0", first.results[0]]
+
+
 async def test_a_thread_left_running_ends_the_process(live: RuntimePool, workspaces: Path) -> None:
     """A thread the block started would run on into the next block: the process is not kept."""
     workdir = conversation(workspaces)
