@@ -158,10 +158,11 @@ class RuntimePool:
         self._changed = None
 
     async def _changes(self) -> None:
-        """Until the next ``_wake``."""
+        """Until the next ``_wake``. Shielded: a waiter that is cancelled (its request went away)
+        must not cancel the future the other waiters share."""
         if self._changed is None:
             self._changed = asyncio.get_running_loop().create_future()
-        await self._changed
+        await asyncio.shield(self._changed)
 
     @property
     def parked_blocks(self) -> int:
@@ -524,7 +525,7 @@ class RuntimePool:
                 process = "resumed"
                 running = exchange.resume(journal[-1], on_call=on_call)
             else:
-                self._background(self._release(bound))
+                self._let_go(bound)
         elif bound is not None:
             if (
                 bound.limits == limits
@@ -542,7 +543,7 @@ class RuntimePool:
                     block.encode(keep=keep, live_pid=worker.child_pid), keep=keep, live_run=True
                 )
             else:
-                self._background(self._release(bound))
+                self._let_go(bound)
         if exchange is None:
             worker, blocks = await self._acquire(), 1
             started = time.perf_counter()
@@ -644,14 +645,14 @@ class RuntimePool:
         ``size - 1`` are bound already."""
         earlier = self._bound.pop(workdir, None)
         if earlier is not None:  # the conversation ran a block elsewhere in between
-            self._background(self._release(earlier))
+            self._let_go(earlier)
         if self._closed:
-            self._background(self._release(bound))
+            self._let_go(bound)
             return
         while len(self._bound) >= self._size - 1:
             oldest = self._bound.pop(next(iter(self._bound)))
             oldest.cancel_timer()
-            self._background(self._release(oldest))
+            self._let_go(oldest)
         self._set_state(bound.worker, WorkerState.BOUND)
         bound.timer = self._background(self._expire(workdir, bound))
         self._bound[workdir] = bound
@@ -668,10 +669,18 @@ class RuntimePool:
             del self._bound[workdir]
             await self._release(bound)
 
+    def _let_go(self, bound: Bound) -> None:
+        """Release ``bound`` in the background; its worker counts as rearming from now on, so a
+        waiting ``_acquire`` woken meanwhile does not make another bound process give way too."""
+        self._set_state(bound.worker, WorkerState.REARMING)
+        self._background(self._release(bound))
+
     async def _release(self, bound: Bound) -> None:
         """Let a bound process stop (a parked block as suspended), then give its worker its
-        next child."""
+        next child (the worker is rearming throughout)."""
         worker = bound.worker
+        if worker.state is not WorkerState.REARMING:
+            self._set_state(worker, WorkerState.REARMING)
         try:
             if bound.exchange is not None:
                 await bound.exchange.release()
@@ -681,7 +690,6 @@ class RuntimePool:
             log.warning("sandbox_worker_recycled", worker=worker.proc.pid, reason=str(exc), bound=True)
             self._retire(worker)
             return
-        self._set_state(worker, WorkerState.REARMING)
         await self._rearm(worker, worker.child_pid, released=bound.exchange is None)
 
     def _block_workdir(self, workdir: Path) -> Path:
@@ -731,7 +739,7 @@ class RuntimePool:
                 # recently used bound process gives its worker back (its conversation replays).
                 oldest = self._bound.pop(next(iter(self._bound)))
                 oldest.cancel_timer()
-                self._background(self._release(oldest))
+                self._let_go(oldest)
             await self._changes()
 
 

@@ -165,3 +165,24 @@ async def test_a_block_waiting_for_a_worker_fails_when_the_pool_closes(
     with pytest.raises(RuntimeError, match="closed"):
         await waiting
     assert (await busy).status == "error"  # its worker was killed with the pool
+
+
+async def test_a_waiting_block_cancelled_leaves_the_others_waiting(workspaces: Path, tmp_path: Path) -> None:
+    """Blocks waiting for a worker share one wake-up: a request that goes away (its block is
+    cancelled while it waits) must not cancel the others' wait."""
+    pool = RuntimePool(size=1, preload=(), sandbox="process", workspaces=workspaces)
+    await pool.start()
+    try:
+        other = Path(tempfile.mkdtemp(prefix="busy-", dir=workspaces))
+        busy = asyncio.ensure_future(run(pool, "import time\ntime.sleep(1)\nresult('busy')\n", workdir=other))
+        while [w.state for w in pool._workers] != [WorkerState.RUNNING]:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        gone = asyncio.ensure_future(run(pool, "result('gone')", workdir=tmp_path))
+        kept = asyncio.ensure_future(run(pool, "result('kept')", workdir=tmp_path))
+        await asyncio.sleep(0.1)
+        gone.cancel()
+        assert (await busy).results == ["busy"]
+        assert (await kept).results == ["kept"]
+        assert gone.cancelled()
+    finally:
+        await pool.aclose()
