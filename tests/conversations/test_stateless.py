@@ -26,13 +26,18 @@ def _free_port() -> int:
 
 
 @contextmanager
-def _server(env: dict[str, str], processes: list[subprocess.Popen[bytes]] | None = None) -> Iterator[str]:
+def _server(
+    env: dict[str, str], processes: list[subprocess.Popen[bytes]] | None = None, *, log: Path | None = None
+) -> Iterator[str]:
+    """A ``sabre serve`` process on a free port; its output goes to ``log`` (for a failing test's
+    diagnostics) or nowhere."""
     port = _free_port()
+    sink = log.open("ab") if log is not None else subprocess.DEVNULL
     process = subprocess.Popen(
         [sys.executable, "-m", "app.cli", "serve", "--port", str(port)],
         env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=sink,
+        stderr=subprocess.STDOUT,
         start_new_session=True,
     )
     if processes is not None:
@@ -45,6 +50,8 @@ def _server(env: dict[str, str], processes: list[subprocess.Popen[bytes]] | None
             process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             process.kill()
+        if log is not None:
+            sink.close()  # type: ignore[union-attr]
 
 
 async def _ready(url: str) -> None:
@@ -83,7 +90,10 @@ async def two_servers(
         # delayed on a loaded machine lets a live turn look dead (a watcher on B then ends early).
         "SABRE_LOCK_LEASE_SECONDS": "5",
     }
-    with _server(env, servers) as a, _server(env, servers) as b:
+    with (
+        _server(env, servers, log=tmp_path / "server-a.log") as a,
+        _server(env, servers, log=tmp_path / "server-b.log") as b,
+    ):
         await asyncio.gather(_ready(a), _ready(b))
         yield a, b
 
