@@ -21,9 +21,10 @@ Two backends, chosen by ``SABRE_SANDBOX`` (``RuntimePool(sandbox=...)``):
     component at a time without following symbolic links, binds it back at its own path, makes
     the cover read-only and drops every capability of every thread. The kernel locks the mounts
     the child inherited from the worker, so the code cannot unmount the cover to see the other
-    conversations; it cannot ptrace the worker (another user namespace); SysV IPC, /tmp and
-    /dev/shm die with the child; and the worker kills whatever the block left running in its PID
-    namespace before it forks the next child.
+    conversations; it cannot ptrace the worker (another user namespace); with Landlock ABI 6 its
+    signals (``kill -1`` included) and abstract unix sockets reach only its own processes, not
+    the worker nor any other process of the namespace; SysV IPC, /tmp and /dev/shm die with the
+    child; and the worker kills whatever the block left running before it forks the next child.
 
     When the server runs as root the sandbox must not: a process of host uid 0 ignores
     RLIMIT_NPROC (a fork bomb would take the machine) even inside a user namespace. The pool
@@ -710,6 +711,12 @@ def after_fork() -> None:
         _mount(None, str(path), None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
         os.close(fd)
     _State.tmp_bytes = _DEFAULT_TMP_BYTES
+    if landlock.scopes_signals():
+        # Blocks share the worker's PID namespace (and, side by side, with other conversations'
+        # blocks): no signal (kill -1 included) and no abstract unix socket may reach outside the
+        # block's own processes. Files stay the mounts' business.
+        _State.ruleset = landlock.Ruleset(deny_tcp=False, scope=True, files=False)
+        _State.ruleset.warm()
     # This namespace may hold no further user namespace: the code gets no namespace of its own.
     _write("/proc/sys/user/max_user_namespaces", "0")
     _drop_bounding_set()
@@ -870,6 +877,9 @@ def _narrow(workdir: str, tmp_bytes: int) -> None:
     drop_capabilities()
     _State.privileged = False
     os.chdir(workdir)
+    if _State.ruleset is not None:
+        ruleset, _State.ruleset = _State.ruleset, None
+        ruleset.enforce()
 
 
 def _check_threads(wait_seconds: float = 1.0) -> None:

@@ -113,15 +113,16 @@ _ABI: Final = _probe()
 _HANDLED_FS: Final = _fs_rights(_ABI)
 # Size of the attributes this ABI reads: 8 bytes (files), 16 (network, ABI 4), 24 (scopes, ABI 6).
 _ATTR_SIZE: Final = ctypes.c_long(8 if _ABI < 4 else 16 if _ABI < 6 else 24)
-# One prepared attribute structure per (deny_tcp, scope).
+# One prepared attribute structure per (deny_tcp, scope, files).
 _ATTRS: Final = {
-    (deny_tcp, scope): _RulesetAttr(
-        _HANDLED_FS,
+    (deny_tcp, scope, files): _RulesetAttr(
+        _HANDLED_FS if files else 0,
         _NET_BIND_TCP | _NET_CONNECT_TCP if deny_tcp and _ABI >= 4 else 0,
         _SCOPE_ABSTRACT_UNIX_SOCKET | _SCOPE_SIGNAL if scope and _ABI >= 6 else 0,
     )
     for deny_tcp in (False, True)
     for scope in (False, True)
+    for files in (False, True)
 }
 _RULE = _PathBeneathAttr()
 _RULE_REF: Final = ctypes.byref(_RULE)
@@ -134,6 +135,13 @@ def abi() -> int:
     """The kernel's Landlock ABI version; 0 when Landlock is not available (not built or
     not enabled at boot)."""
     return _ABI
+
+
+def scopes_signals() -> bool:
+    """Whether a domain can keep its processes from signalling (and connecting to the abstract
+    unix sockets of) processes outside it (ABI 6): what lets blocks of different conversations
+    run side by side in one PID namespace."""
+    return _ABI >= 6
 
 
 def _fail(what: str) -> OSError:
@@ -160,10 +168,15 @@ class Ruleset:
 
     __slots__ = ("_fd",)
 
-    def __init__(self, *, deny_tcp: bool, scope: bool) -> None:
+    def __init__(self, *, deny_tcp: bool, scope: bool, files: bool = True) -> None:
+        """``files=False``: the ruleset leaves the file system alone (the bwrap backend confines
+        files with mounts) and handles only the network and the scopes asked for."""
         if _ABI < 1:
             raise OSError(errno.EOPNOTSUPP, "landlock: not available in this kernel")
-        fd = _libc.syscall(_NR_CREATE_RULESET, ctypes.byref(_ATTRS[deny_tcp, scope]), _ATTR_SIZE, _ZERO)
+        attrs = _ATTRS[deny_tcp, scope, files]
+        if not (attrs.handled_access_fs or attrs.handled_access_net or attrs.scoped):
+            raise OSError(errno.EOPNOTSUPP, f"landlock: ABI {_ABI} handles none of what was asked")
+        fd = _libc.syscall(_NR_CREATE_RULESET, ctypes.byref(attrs), _ATTR_SIZE, _ZERO)
         if fd < 0:
             raise _fail("cannot create a ruleset")
         self._fd = int(fd)

@@ -246,6 +246,37 @@ def test_signals(tree: Path, sleeper: subprocess.Popen[bytes], scope: bool) -> N
         assert results["kill outside"] == "ok"
 
 
+def test_a_scope_only_ruleset_leaves_files_alone(tree: Path, sleeper: subprocess.Popen[bytes]) -> None:
+    """``files=False`` (the bwrap backend, whose mounts confine files): every path stays as it
+    was, signals out of the domain do not."""
+    if ABI < 6:
+        pytest.skip(f"scopes need Landlock ABI 6 (this kernel: {ABI})")
+    outside = tree / "elsewhere.txt"
+
+    def attempt() -> dict[str, str]:
+        ruleset = landlock.Ruleset(deny_tcp=False, scope=True, files=False)
+        ruleset.enforce()
+        return {
+            "write anywhere": outcome(lambda: outside.write_text("x")),
+            "read /etc": outcome(
+                lambda: Path("/etc/hostname").read_bytes() if Path("/etc/hostname").exists() else b""
+            ),
+            "kill outside": outcome(lambda: os.kill(sleeper.pid, signal.SIGTERM)),
+        }
+
+    results, _ = in_child(attempt)
+    assert results == {"write anywhere": "ok", "read /etc": "ok", "kill outside": "EPERM"}
+    assert sleeper.poll() is None
+
+
+def test_a_ruleset_that_handles_nothing_is_refused() -> None:
+    """Without ABI 6 a scope-only ruleset would confine nothing: it is refused, not faked."""
+    if ABI >= 6:
+        pytest.skip("this kernel has scopes")
+    with pytest.raises(OSError, match="handles none"):
+        landlock.Ruleset(deny_tcp=False, scope=True, files=False)
+
+
 @pytest.mark.parametrize("scope", [True, False])
 def test_abstract_unix_sockets(tree: Path, scope: bool) -> None:
     if ABI < 6:
