@@ -902,14 +902,6 @@ def _check_threads(wait_seconds: float = 1.0) -> None:
         time.sleep(0.001)
 
 
-def reap_leftovers() -> None:
-    """In a bwrap worker, after a child ended: kill every other process of its PID namespace
-    (what the block left behind, daemons that left its process group included)."""
-    if _State.backend == "bwrap":
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(-1, signal.SIGKILL)  # all but the namespace's init and this worker
-
-
 _fork_refused = False
 
 

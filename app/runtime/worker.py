@@ -4,8 +4,8 @@ It imports the heavy modules once, then forks one child at a time ahead of deman
 alone talks to the server (over its stdin/stdout); each child gets a socket of its own to the
 worker and an output pipe, and nothing else: the worker relays and checks what the child sends
 (``app.runtime.relay``), learns of its death from the kernel, kills whatever the code left
-running (its process group, orphans the worker adopted as their subreaper, and under bwrap the
-rest of its PID namespace), reports how it ended (an ``exit`` frame) and forks the next. A
+running (its process group, and every process below the worker: orphans are re-parented to it,
+their subreaper), reports how it ended (an ``exit`` frame) and forks the next. A
 conversation's first block runs in a fresh fork; its later ones may run in the same child while
 the pool keeps it live for that conversation (never another one), so nothing leaks from one
 conversation to the next.
@@ -173,10 +173,13 @@ def _serve(*, proto_in: int, proto_out: int, log_fd: int) -> int:
 
 
 def _cleanup(pid: int) -> None:
-    """After a child: nothing it started may outlive it."""
+    """After a child: nothing it started may outlive it. Its process group first, then every
+    process left below this worker: orphans of the block (a daemon in a session of its own
+    included) are re-parented to the worker, their subreaper, so the worker's own tree holds
+    all of them, and nothing else (``kill -1`` would also reach processes beside the worker)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
-    isolation.reap_leftovers()
+    isolation.kill_tree(os.getpid(), wait_seconds=1.0)
     _reap_descendants()
     isolation.remove_block_tmp(pid)
 

@@ -344,6 +344,40 @@ time.sleep(0.3)
     await assert_pool_works(pool, tmp_path)
 
 
+async def test_a_storm_of_session_leaders_is_gone_after_the_block(pool: RuntimePool, tmp_path: Path) -> None:
+    """Processes that keep forking into sessions of their own (each parent exits at once, so
+    every one is an orphan by the time the block ends): the worker's clean-up stops and kills
+    its whole tree, walk after walk, until none is left."""
+    marker = _marker()
+    code = f"""\
+import ctypes, os, signal, time
+libc = ctypes.CDLL(None, use_errno=True)
+def storm(depth):
+    if os.fork() == 0:
+        os.setsid()
+        libc.prctl(15, {marker.encode()!r}, 0, 0, 0)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        while True:
+            try:
+                if os.fork() == 0:
+                    continue  # the child forks on, the parent leaves it an orphan
+            except OSError:
+                pass
+            os._exit(0)
+for _ in range(4):
+    storm(0)
+time.sleep(0.3)
+result('stormed')
+"""
+    try:
+        outcome = await run(pool, code, workdir=tmp_path, limits=Limits(max_processes=40))
+        assert outcome.status == "ok", outcome.error
+        assert await wait_until_gone(marker, seconds=5) == []
+    finally:
+        _kill_marked(marker)
+    await assert_pool_works(pool, tmp_path)
+
+
 # -- other tenants' processes -------------------------------------------------------------------
 
 
