@@ -1,4 +1,5 @@
-"""RuntimePool: runs blocks in pre-forked sandbox children of long-lived warm workers.
+"""RuntimePool: runs blocks in pre-forked sandbox children of long-lived warm workers, each
+worker a fork of one zygote process that imported the heavy modules (``app.runtime.zygote``).
 
 The pool owns the workers' lifecycle (start, rearm, retire, replace), the backend choice and its
 probe, and which process serves a block (a fresh child, or the conversation's bound one:
@@ -27,6 +28,7 @@ import contextlib
 import keyword
 import os
 import shutil
+import socket
 import sys
 import tempfile
 import time
@@ -38,7 +40,7 @@ from typing import Any, Final
 import structlog
 from pydantic import ValidationError
 
-from app.runtime import isolation
+from app.runtime import isolation, landlock
 from app.runtime.bound import Bound
 from app.runtime.exchange import (
     REARM_TIMEOUT_SECONDS,
@@ -58,12 +60,14 @@ from app.runtime.protocol import (
 )
 from app.runtime.schemas import BlockOutcome, BlockProcess, CallRunner, JournalEntry, Limits, SandboxTool
 from app.runtime.worker_process import WorkerProcess, WorkerState, worker_env
+from app.runtime.zygote import Zygote
 
 log = structlog.get_logger(__name__)
 
 _PROJECT_ROOT: Final = Path(__file__).resolve().parents[2]
 _START_TIMEOUT_SECONDS: Final = 120.0  # a cold first import of numpy+pandas+matplotlib is slow
 _CLOSE_TIMEOUT_SECONDS: Final = 10.0
+_STOP_TIMEOUT_SECONDS: Final = 5.0  # a retired worker is gone by then, or its zygote is killed
 _MAX_RESPAWN_DELAY: Final = 30.0
 _PROBE_TIMEOUT_SECONDS: Final = 60.0
 # Probe results per (bwrap, filesystem of the workspaces, user): what decides whether bubblewrap's
@@ -129,6 +133,9 @@ class RuntimePool:
         # Workers not retired, each in its state; the idle ones also in ``_idle``, first come first
         # served. Any change that may let a waiting ``_acquire`` go on resolves ``_changed``.
         self._workers: set[WorkerProcess] = set()
+        # The processes that fork the workers (one, unless blocks could signal their neighbours).
+        self._zygotes: list[Zygote] = []
+        self._zygote_lock = asyncio.Lock()
         self._idle: deque[WorkerProcess] = deque()
         self._changed: asyncio.Future[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -215,13 +222,14 @@ class RuntimePool:
         self._bound.clear()  # their workers are killed with the rest
         for task in list(self._tasks):
             task.cancel()
-        workers = list(self._workers)
-        for worker in workers:
-            worker.kill()
+        for worker in self._workers:
             worker.state = WorkerState.RETIRED
+        zygotes = list(self._zygotes)
+        for zygote in zygotes:
+            zygote.kill()  # its workers, and what they run, with it
         self._idle.clear()
         self._wake()
-        reaping: list[asyncio.Future[Any]] = [asyncio.ensure_future(w.proc.wait()) for w in workers]
+        reaping: list[asyncio.Future[Any]] = [asyncio.ensure_future(z.proc.wait()) for z in zygotes]
         background: list[asyncio.Future[Any]] = list(self._tasks)
         for what, pending in (("workers", reaping), ("tasks", background)):
             if not pending:
@@ -232,6 +240,7 @@ class RuntimePool:
             if stuck:
                 log.error("sandbox_pool_close_stuck", what=what, count=len(stuck))
         self._workers.clear()
+        self._zygotes.clear()
         self._close_userns()
 
     def _close_userns(self) -> None:
@@ -368,10 +377,37 @@ class RuntimePool:
         return task
 
     async def _spawn(self) -> WorkerProcess:
-        """Start one worker process and wait for its first idle child."""
+        """Fork one worker from a zygote (starting a zygote when none may fork another) and wait
+        for its first idle child."""
+        worker: WorkerProcess | None = None
+        try:
+            async with asyncio.timeout(_START_TIMEOUT_SECONDS):
+                worker = await self._clone()
+                self._workers.add(worker)
+                self._background(self._watch(worker))
+                await worker.await_ready()
+        except BaseException:
+            if worker is not None:
+                self._workers.discard(worker)  # the caller retries (or fails): no replacement
+                worker.kill()
+            raise
+        return worker
+
+    async def _clone(self) -> WorkerProcess:
+        """A new worker of a zygote that may fork one, in the order asked."""
+        async with self._zygote_lock:
+            zygote = next((z for z in self._zygotes if not z.full), None)
+            if zygote is None:
+                zygote = await self._start_zygote()
+                self._zygotes.append(zygote)
+                self._background(self._watch_zygote(zygote))
+            return await zygote.clone()
+
+    async def _start_zygote(self) -> Zygote:
+        """Start a zygote process (it imports the preloaded modules, then forks workers)."""
         backend = self.sandbox
-        command = [sys.executable, "-m", "app.runtime.worker", "--preload", ",".join(self._preload)]
-        command += ["--isolation", backend]
+        command = [sys.executable, "-m", "app.runtime.worker", "--zygote"]
+        command += ["--preload", ",".join(self._preload), "--isolation", backend]
         if self._workspaces is not None:
             command += ["--workspaces", str(self._workspaces)]
         if self._identity is not None:
@@ -379,42 +415,58 @@ class RuntimePool:
         if backend == "bwrap":
             assert self._bwrap is not None
             command = self._bwrap_argv(self._bwrap, command)
-        creating = asyncio.ensure_future(
-            asyncio.create_subprocess_exec(
-                *command,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                env=worker_env(),
-                cwd=_PROJECT_ROOT,
-                start_new_session=True,  # its own process group, killed as one
-                limit=1 << 20,
-                pass_fds=self._pass_fds() if backend == "bwrap" else (),
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        # Workers of one zygote share its PID namespace: only when a block's signals cannot leave
+        # its own processes (the process backend: they share the host's anyway).
+        capacity = None if backend == "process" or landlock.scopes_signals() else 1
+        try:
+            creating = asyncio.ensure_future(
+                asyncio.create_subprocess_exec(
+                    *command,
+                    stdin=theirs.fileno(),
+                    stdout=asyncio.subprocess.PIPE,
+                    env=worker_env(),
+                    cwd=_PROJECT_ROOT,
+                    start_new_session=True,  # its own process group, killed as one
+                    pass_fds=self._pass_fds() if backend == "bwrap" else (),
+                )
             )
-        )
-        try:
-            # Shielded: Python 3.11 cancelled inside create_subprocess_exec waits forever for a
-            # process it never watches (the close of the pool would hang on it).
-            proc = await asyncio.shield(creating)
-        except asyncio.CancelledError:
-            with contextlib.suppress(Exception):
-                WorkerProcess(await creating, namespaced=backend == "bwrap").kill()
-            raise
-        worker = WorkerProcess(proc, namespaced=backend == "bwrap")
-        self._workers.add(worker)
-        self._background(self._watch(worker))
-        try:
-            async with asyncio.timeout(_START_TIMEOUT_SECONDS):
-                await worker.await_ready()
+            try:
+                # Shielded: Python 3.11 cancelled inside create_subprocess_exec waits forever for
+                # a process it never watches (the close of the pool would hang on it).
+                proc = await asyncio.shield(creating)
+            except asyncio.CancelledError:
+                with contextlib.suppress(Exception):
+                    Zygote(await creating, ours, namespaced=backend == "bwrap", capacity=capacity).kill()
+                raise
         except BaseException:
-            self._workers.discard(worker)  # the caller retries (or fails): no replacement
-            worker.kill()
+            ours.close()
             raise
-        return worker
+        finally:
+            theirs.close()
+        return Zygote(proc, ours, namespaced=backend == "bwrap", capacity=capacity)
 
     async def _watch(self, worker: WorkerProcess) -> None:
         """When a worker exits on its own (crash, OOM killer), retire and replace it."""
-        await worker.proc.wait()
+        await worker.exited.wait()
         self._retire(worker)
+
+    async def _watch_zygote(self, zygote: Zygote) -> None:
+        """A zygote that exits takes its workers with it (each is then retired and replaced)."""
+        await zygote.proc.wait()
+        zygote.kill()
+        with contextlib.suppress(ValueError):
+            self._zygotes.remove(zygote)
+
+    async def _ensure_stopped(self, worker: WorkerProcess) -> None:
+        """A retired worker stops within moments (its channel was cut); one that does not is taken
+        down with its zygote (and the zygote's other workers, which are replaced)."""
+        try:
+            async with asyncio.timeout(_STOP_TIMEOUT_SECONDS):
+                await worker.exited.wait()
+        except TimeoutError:
+            log.error("sandbox_worker_did_not_stop", worker=worker.pid)
+            worker.host.kill()
 
     def _retire(self, worker: WorkerProcess) -> None:
         """Kill a worker that can no longer serve and start its replacement, once.
@@ -428,6 +480,7 @@ class RuntimePool:
         self._workers.discard(worker)
         self._set_state(worker, WorkerState.RETIRED)
         if not self._closed:
+            self._background(self._ensure_stopped(worker))
             self._background(self._replace())
 
     async def _replace(self) -> None:
@@ -465,7 +518,7 @@ class RuntimePool:
                     raise FrameError(f"the block's process ended oddly: {header}")
                 await worker.await_ready()
         except (FrameError, ValidationError, TimeoutError) as exc:
-            log.warning("sandbox_worker_recycled", worker=worker.proc.pid, reason=str(exc))
+            log.warning("sandbox_worker_recycled", worker=worker.pid, reason=str(exc))
             self._retire(worker)
             return
         if not self._closed:
@@ -687,7 +740,7 @@ class RuntimePool:
             else:
                 await worker.send(encode_frame({"t": "release"}))
         except (BlockFailed, FrameError) as exc:
-            log.warning("sandbox_worker_recycled", worker=worker.proc.pid, reason=str(exc), bound=True)
+            log.warning("sandbox_worker_recycled", worker=worker.pid, reason=str(exc), bound=True)
             self._retire(worker)
             return
         await self._rearm(worker, worker.child_pid, released=bound.exchange is None)
@@ -727,7 +780,7 @@ class RuntimePool:
         while True:
             while self._idle:
                 worker = self._idle.popleft()
-                if worker.state is WorkerState.IDLE and not worker.dead and worker.proc.returncode is None:
+                if worker.state is WorkerState.IDLE and not worker.dead:
                     self._set_state(worker, WorkerState.RUNNING)
                     return worker
             if self._closed:

@@ -1,21 +1,22 @@
-"""A sandbox worker: ``python -m app.runtime.worker --preload numpy,pandas``.
+"""A sandbox zygote and its workers: ``python -m app.runtime.worker --zygote --preload numpy,pandas``.
 
-It imports the heavy modules once, then forks one child at a time ahead of demand. The worker
-alone talks to the server (over its stdin/stdout); each child gets a socket of its own to the
-worker and an output pipe, and nothing else: the worker relays and checks what the child sends
-(``app.runtime.relay``), learns of its death from the kernel, kills whatever the code left
-running (its process group, and every process below the worker: orphans are re-parented to it,
-their subreaper), reports how it ended (an ``exit`` frame) and forks the next. A
+The zygote imports the heavy modules once, then forks workers on the server's request
+(``_zygote``); each worker shares its warm heap and talks to the server over a socket of its own.
+A worker (``_serve``) forks one child at a time ahead of demand; each child gets a socket of its
+own to the worker and an output pipe, and nothing else: the worker relays and checks what the
+child sends (``app.runtime.relay``), learns of its death from the kernel, kills whatever the code
+left running (its process group, and every process below the worker: orphans are re-parented to
+it, their subreaper), reports how it ended (an ``exit`` frame) and forks the next. A
 conversation's first block runs in a fresh fork; its later ones may run in the same child while
 the pool keeps it live for that conversation (never another one), so nothing leaks from one
-conversation to the next.
+conversation to the next. Without ``--zygote`` the process is a single worker on its
+stdin/stdout.
 
-With ``--isolation bwrap`` the worker runs inside bubblewrap and each child narrows its own view
+With ``--isolation bwrap`` the zygote runs inside bubblewrap and each child narrows its own view
 to its block's directory (``app.runtime.isolation``).
 
 Started by ``RuntimePool`` with a clean environment; never imports pydantic or asyncio, to keep
-an idle worker small.
-"""
+an idle worker small."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ import gc
 import importlib
 import io
 import os
+import select
 import signal
 import socket
 import sys
@@ -47,6 +49,8 @@ LOG_FD: Final = 4
 _PR_SET_CHILD_SUBREAPER: Final = 36
 # A child that dies or misbehaves before it is ready this many times in a row: the worker stops.
 _MAX_FAILED_STARTS: Final = 5
+# How often a zygote that hears nothing looks for workers that exited and for their orphans.
+_ZYGOTE_TICK_MS: Final = 200
 
 
 def _protocol_fds() -> tuple[int, int, int]:
@@ -59,11 +63,16 @@ def _protocol_fds() -> tuple[int, int, int]:
     os.dup2(devnull, 0)
     os.close(devnull)
     os.dup2(2, 1)
-    keep = sorted((proto_in, proto_out, log))
-    for low, high in zip([3, *(fd + 1 for fd in keep)], [*keep, 1 << 20], strict=True):
+    _close_fds_but(proto_in, proto_out, log)
+    return proto_in, proto_out, log
+
+
+def _close_fds_but(*keep: int) -> None:
+    """Close every descriptor from 3 up but ``keep``."""
+    kept = sorted(set(keep))
+    for low, high in zip([3, *(fd + 1 for fd in kept)], [*kept, 1 << 20], strict=True):
         if low < high:
             os.closerange(low, high)
-    return proto_in, proto_out, log
 
 
 def _arrange_child_fds(*, channel: int, output: int, log: int) -> None:
@@ -184,6 +193,82 @@ def _cleanup(pid: int) -> None:
     isolation.remove_block_tmp(pid)
 
 
+def _zygote(*, control: int, reports: int, log_fd: int) -> int:
+    """Fork workers on the server's request until it closes ``control``; they share this
+    process's warm heap (copy-on-write), so one costs a fork, not an interpreter.
+
+    ``control`` is a SOCK_SEQPACKET socket: each message is ``C`` with one descriptor attached,
+    a connected stream socket that becomes the new worker's channel to the server (its frames
+    are those of a worker on its stdin/stdout). ``reports`` gets a ``clone`` frame (its pid)
+    per worker forked, in request order, and a ``gone`` frame once it exited and was reaped.
+    Processes left below this one that are not workers (orphans of a worker that died) are
+    killed. The server closing ``control``: every worker and what it runs is killed, then exit.
+    """
+    channel = socket.socket(fileno=control)
+    poller = select.poll()
+    poller.register(control, select.POLLIN)
+    gc.collect()
+    gc.freeze()  # the warm heap: never collected here, so its pages stay shared with every fork
+    workers: set[int] = set()
+    while True:
+        if poller.poll(_ZYGOTE_TICK_MS):
+            try:
+                message, fds, _, _ = socket.recv_fds(channel, 16, 1)
+            except OSError as exc:
+                _log(log_fd, f"zygote: control socket failed: {exc}")
+                message, fds = b"", []
+            if not message:
+                isolation.kill_tree(os.getpid(), wait_seconds=1.0)
+                _reap_descendants()
+                return 0
+            if message != b"C" or len(fds) != 1:
+                for fd in fds:
+                    os.close(fd)
+                _log(log_fd, f"zygote: bad control message {message[:16]!r} with {len(fds)} fds")
+                return 1
+            pid = _fork_worker(fds[0], control=control, reports=reports, log_fd=log_fd)
+            os.close(fds[0])
+            workers.add(pid)
+            write_frame(reports, {"t": "clone", "pid": pid})
+        for pid in isolation.children(os.getpid()):
+            if pid not in workers:  # an orphan of a worker that died: nothing may outlive it
+                isolation.kill_tree(pid)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            while True:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+                if not pid:
+                    break
+                if pid in workers:
+                    workers.discard(pid)
+                    write_frame(reports, {"t": "gone", "pid": pid})
+
+
+def _fork_worker(channel: int, *, control: int, reports: int, log_fd: int) -> int:
+    """Fork a worker whose channel to the server is ``channel`` (both ways)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        fd = fcntl.fcntl(channel, fcntl.F_DUPFD_CLOEXEC, 3)
+        for inherited in (channel, control, reports):
+            os.close(inherited)
+        _close_fds_but(fd, log_fd)  # the zygote's control socket and report pipe above all
+        # Orphans of its blocks come to it, not to the zygote, and it dies with the zygote.
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        die_with_parent()
+        code = _serve(proto_in=fd, proto_out=fd, log_fd=log_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.write(log_fd, traceback.format_exc().encode(errors="replace"))
+    finally:
+        os._exit(code)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: preload modules, then serve children forever."""
     parser = argparse.ArgumentParser(prog="python -m app.runtime.worker")
@@ -191,6 +276,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--isolation", choices=("bwrap", "process"), default="process")
     parser.add_argument("--workspaces", default=None, help="the workspaces directory (bwrap)")
     parser.add_argument("--identity", default=None, help="uid:gid blocks run as (server is root)")
+    parser.add_argument(
+        "--zygote", action="store_true", help="fork workers on request (stdin: a SOCK_SEQPACKET socket)"
+    )
     options = parser.parse_args(argv)
     proto_in, proto_out, log_fd = _protocol_fds()
     # Orphans of a block (a daemon that left its session) become the worker's children, so
@@ -214,6 +302,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         importlib.import_module(name)
     del os.environ["MPLCONFIGDIR"]
     warm_up()
+    if options.zygote:
+        return _zygote(control=proto_in, reports=proto_out, log_fd=log_fd)
     return _serve(proto_in=proto_in, proto_out=proto_out, log_fd=log_fd)
 
 

@@ -1,23 +1,23 @@
-"""A sandbox worker process as the server sees it: its pipes, framed reads and writes, its kill.
+"""A sandbox worker process as the server sees it: its channel, framed reads and writes, its stop.
 
-The worker itself (``app.runtime.worker``) runs inside the sandbox; this is the server's handle
-on it, used by the pool (lifecycle) and by an exchange (one block's frames).
+The worker itself (``app.runtime.worker``) runs inside the sandbox, forked by a zygote
+(``app.runtime.zygote``); this is the server's handle on it, used by the pool (lifecycle) and by
+an exchange (one block's frames).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import signal
 import sys
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from app.runtime import isolation
 from app.runtime.frames import ReadyFrame
 from app.runtime.protocol import MAX_HEADER_BYTES, PREFIX, FrameError, decode_header, decode_prefix
+
+if TYPE_CHECKING:
+    from app.runtime.zygote import Zygote
 
 
 class WorkerGone(FrameError):
@@ -56,69 +56,61 @@ class WorkerState(StrEnum):
     RETIRED = "retired"  # killed (crashed, misbehaved, or the pool closed); a replacement starts
 
 
-class WorkerProcess:
-    """A worker process, the pid of its current child, and its state."""
+async def read_frame_from(
+    reader: asyncio.StreamReader, *, max_blob: int, max_header: int
+) -> tuple[dict[str, Any], bytes, int]:
+    """One frame from a sandbox process: header, blob and the header's size. FrameError if it
+    is malformed or too large, WorkerGone when the stream ends."""
+    try:
+        prefix = await reader.readexactly(PREFIX.size)
+        header_len, blob_len = decode_prefix(prefix, max_header=max_header, max_blob=max_blob)
+        data = await reader.readexactly(header_len + blob_len)
+    except (asyncio.IncompleteReadError, ConnectionError):
+        raise WorkerGone("the sandbox worker closed its pipe (it died)") from None
+    return decode_header(data[:header_len]), data[header_len:], header_len
 
-    def __init__(self, proc: asyncio.subprocess.Process, *, namespaced: bool = False) -> None:
-        self.proc = proc
-        # bwrap: the worker reports pids of its own PID namespace, meaningless (and dangerous
-        # to signal) here; killing bubblewrap takes the whole namespace down instead.
-        self.namespaced = namespaced
+
+class WorkerProcess:
+    """A worker as the server sees it: its channel (one stream socket, both ways), the pid of its
+    current child, and its state. Forked by a zygote (``app.runtime.zygote``), which reports its
+    exit; ``pid`` is its pid in the sandbox (under bwrap, of the sandbox's PID namespace: an
+    identifier, never signalled from here)."""
+
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, pid: int, host: Zygote
+    ) -> None:
+        self.pid = pid
+        self.host = host
         self.child_pid: int | None = None
         self.state = WorkerState.STARTING
         self.dead = False
+        self.exited = asyncio.Event()  # its zygote reaped it (or the zygote itself is gone)
         self.last_header_bytes = 0  # of the last frame read (the journal's size is capped)
-        assert proc.stdin is not None
-        assert proc.stdout is not None
-        self._stdin = proc.stdin
-        self._stdout = proc.stdout
+        self._reader = reader
+        self._writer = writer
 
     async def read(
         self, *, max_blob: int, max_header: int = MAX_HEADER_BYTES
     ) -> tuple[dict[str, Any], bytes]:
         """Read one frame; FrameError if it is malformed or too large."""
-        try:
-            prefix = await self._stdout.readexactly(PREFIX.size)
-            header_len, blob_len = decode_prefix(prefix, max_header=max_header, max_blob=max_blob)
-            data = await self._stdout.readexactly(header_len + blob_len)
-        except asyncio.IncompleteReadError:
-            raise WorkerGone("the sandbox worker closed its pipe (it died)") from None
-        self.last_header_bytes = header_len
-        return decode_header(data[:header_len]), data[header_len:]
+        header, blob, self.last_header_bytes = await read_frame_from(
+            self._reader, max_blob=max_blob, max_header=max_header
+        )
+        return header, blob
 
     async def send(self, data: bytes) -> None:
         """Write one frame; FrameError if the worker is gone."""
         try:
-            self._stdin.write(data)
-            await self._stdin.drain()
+            self._writer.write(data)
+            await self._writer.drain()
         except (ConnectionError, RuntimeError) as exc:  # RuntimeError: the transport is closed
             raise WorkerGone(f"the sandbox worker closed its pipe (it died): {exc}") from None
 
     def kill(self) -> None:
-        """SIGKILL the child's process group (the code and what it started) and the worker.
-
-        Its stdin is closed first: a sandbox that outlives the kill reads EOF and exits, so it
-        cannot hold the stdout pipe open (asyncio's ``wait()`` waits for the pipes to close).
-        """
+        """Stop the worker: its channel is cut, so it kills its child (and what the block
+        started) at once and exits. The pool takes its whole zygote down if it does not."""
         self.dead = True
-        with contextlib.suppress(Exception):
-            self._stdin.close()
-        if self.proc.returncode is not None:
-            return  # reaped already: its pid (and the child's, gone with it) may be reused
-        # bwrap: bubblewrap's own child is the namespace's init; killing it ends every process
-        # of the namespace. Its parent-death signal alone is not enough: bubblewrap killed
-        # just after it started can die before the child arms it (seen: 1 start in 40).
-        targets = isolation.children(self.proc.pid) if self.namespaced else []
-        if not self.namespaced:
-            # process: what the blocks left running (the worker is their subreaper) goes first.
-            isolation.kill_tree(self.proc.pid)
-        for pgid in (None if self.namespaced else self.child_pid, self.proc.pid):
-            if pgid:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pgid, signal.SIGKILL)
-        for pid in targets:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+        self._writer.transport.abort()
 
     async def await_ready(self) -> None:
         header, _ = await self.read(max_blob=0)

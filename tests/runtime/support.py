@@ -17,6 +17,7 @@ import pytest
 from app.runtime import BlockOutcome, CallReply, HelperCall, JournalEntry, Limits, RuntimePool, SandboxTool
 from app.runtime.isolation import find_bwrap
 from app.runtime.pool import bwrap_problem
+from app.runtime.worker_process import WorkerProcess
 
 
 class Recorder:
@@ -187,3 +188,23 @@ def in_child(body: Callable[[], Any]) -> tuple[Any, int]:
     if "error" in payload:
         pytest.fail(f"the child failed:\n{payload['error']}")
     return payload["value"], status
+
+
+def host_pid(worker: WorkerProcess) -> int:
+    """The host pid of a sandbox worker (under bwrap its own pid is of the sandbox's PID
+    namespace: the host process below its zygote whose innermost pid that is)."""
+    if not worker.host.namespaced:
+        return worker.pid
+    stack = [worker.host.proc.pid]
+    while stack:
+        pid = stack.pop()
+        try:
+            with open(f"/proc/{pid}/status") as status:
+                fields = dict(line.split(":", 1) for line in status if ":" in line)
+            with open(f"/proc/{pid}/task/{pid}/children") as children:
+                stack += [int(child) for child in children.read().split()]
+        except OSError:
+            continue
+        if int(fields["NSpid"].split()[-1]) == worker.pid and len(fields["NSpid"].split()) > 1:
+            return pid
+    raise LookupError(f"no host process for sandbox worker {worker.pid}")

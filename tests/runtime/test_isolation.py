@@ -239,7 +239,7 @@ result([os.getresuid(), status['CapEff'].strip(), status['CapBnd'].strip(), stat
 async def test_a_bwrap_worker_is_not_root_on_the_host(solo: RuntimePool) -> None:
     if solo.sandbox != "bwrap":
         pytest.skip("a test of the bwrap backend")
-    uids = _worker_uids([w.proc.pid for w in solo._workers])
+    uids = _worker_uids([z.proc.pid for z in solo._zygotes])
     assert uids
     assert 0 not in uids if os.geteuid() == 0 else uids == {os.getuid()}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import uuid
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 
 from app.runtime import Limits, RuntimePool, landlock
 from app.runtime.worker_process import WorkerState
-from tests.runtime.support import THREAD_POOLS, bwrap_unavailable, run, wait_until_gone
+from tests.runtime.support import THREAD_POOLS, bwrap_unavailable, host_pid, run, wait_until_gone
 
 pytestmark = pytest.mark.asyncio(loop_scope="package")
 
@@ -194,7 +195,7 @@ async def test_pool_survives_its_worker_being_killed(pool: RuntimePool, tmp_path
             break
         await asyncio.sleep(0.01)
     await asyncio.sleep(0.2)  # the block is in its sleep
-    busy[0].proc.kill()
+    os.kill(host_pid(busy[0]), signal.SIGKILL)
     outcome = await running
     assert outcome.status == "error"
     assert outcome.error is not None
@@ -261,7 +262,7 @@ async def test_closing_while_a_replacement_starts_never_hangs(
             assert outcome.status == "limit", outcome.error
             await asyncio.sleep(attempt * 0.002)  # 0 to 30 ms into the replacement's start
         finally:
-            workers = list(pool._workers)  # the retired one is gone; its replacement is here
+            zygotes = list(pool._zygotes)
             async with asyncio.timeout(15):
                 await pool.aclose()
-        assert all(w.proc.returncode is not None for w in workers), attempt
+        assert all(z.proc.returncode is not None for z in zygotes), attempt
