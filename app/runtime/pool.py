@@ -59,7 +59,7 @@ from app.runtime.protocol import (
     encode_frame,
 )
 from app.runtime.schemas import BlockOutcome, BlockProcess, CallRunner, JournalEntry, Limits, SandboxTool
-from app.runtime.worker_process import WorkerProcess, WorkerState, worker_env
+from app.runtime.worker_process import WorkerGone, WorkerProcess, WorkerState, worker_env
 from app.runtime.zygote import Zygote
 
 log = structlog.get_logger(__name__)
@@ -394,14 +394,23 @@ class RuntimePool:
         return worker
 
     async def _clone(self) -> WorkerProcess:
-        """A new worker of a zygote that may fork one, in the order asked."""
+        """A new worker of a zygote that may fork one, in the order asked. A zygote found dead
+        on the way (its death not yet noticed) is put down and another one started."""
+        retried = False
         async with self._zygote_lock:
-            zygote = next((z for z in self._zygotes if not z.full), None)
-            if zygote is None:
-                zygote = await self._start_zygote()
-                self._zygotes.append(zygote)
-                self._background(self._watch_zygote(zygote))
-            return await zygote.clone()
+            while True:
+                zygote = next((z for z in self._zygotes if not z.full), None)
+                if zygote is None:
+                    zygote = await self._start_zygote()
+                    self._zygotes.append(zygote)
+                    self._background(self._watch_zygote(zygote))
+                try:
+                    return await zygote.clone()
+                except WorkerGone:
+                    zygote.kill()
+                    if retried:
+                        raise
+                    retried = True
 
     async def _start_zygote(self) -> Zygote:
         """Start a zygote process (it imports the preloaded modules, then forks workers)."""
@@ -780,9 +789,13 @@ class RuntimePool:
         while True:
             while self._idle:
                 worker = self._idle.popleft()
-                if worker.state is WorkerState.IDLE and not worker.dead:
-                    self._set_state(worker, WorkerState.RUNNING)
-                    return worker
+                if worker.state is not WorkerState.IDLE:
+                    continue
+                if not worker.alive:
+                    self._retire(worker)  # died while idle: replaced, not handed a block
+                    continue
+                self._set_state(worker, WorkerState.RUNNING)
+                return worker
             if self._closed:
                 raise RuntimeError("the runtime pool is closed")
             if not self._workers and self._spawn_error is not None:

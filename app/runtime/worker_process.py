@@ -89,6 +89,12 @@ class WorkerProcess:
         self._reader = reader
         self._writer = writer
 
+    @property
+    def alive(self) -> bool:
+        """Not killed, not reported gone, and its channel not closed (a worker that died just now
+        is known by its channel first: its zygote's report may still be on the way)."""
+        return not self.dead and not self._reader.at_eof()
+
     async def read(
         self, *, max_blob: int, max_header: int = MAX_HEADER_BYTES
     ) -> tuple[dict[str, Any], bytes]:

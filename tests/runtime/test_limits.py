@@ -205,6 +205,32 @@ async def test_pool_survives_its_worker_being_killed(pool: RuntimePool, tmp_path
         await assert_pool_works(pool, tmp_path)
 
 
+async def test_pool_survives_its_zygote_being_killed(pool: RuntimePool, tmp_path: Path) -> None:
+    """The zygote that forks the workers dies (and with it every worker and block): running
+    blocks fail as ``worker_lost``, and a new zygote forks the replacements."""
+    running = asyncio.ensure_future(run(pool, "import time\ntime.sleep(5)\n", workdir=tmp_path))
+    for _ in range(500):
+        if any(w.state is WorkerState.RUNNING for w in pool._workers):
+            break
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.2)
+    first = pool._zygotes[0]
+    os.kill(first.proc.pid, signal.SIGKILL)
+    outcome = await running
+    assert outcome.failure == "worker_lost", (outcome.failure, outcome.error)
+    # A block that comes while the pool learns of the loss may fail as worker_lost too (as
+    # with any worker that dies idle); once the pool has noticed, the replacements serve.
+    for _ in range(500):
+        if first not in pool._zygotes and first.dead:
+            break
+        await asyncio.sleep(0.01)
+    assert first.dead
+    assert not first.workers
+    for _ in range(3):
+        await assert_pool_works(pool, tmp_path)
+    assert all(z.proc.returncode is None for z in pool._zygotes)
+
+
 @pytest.mark.parametrize(
     ("code", "failure", "says"),
     [
