@@ -373,11 +373,13 @@ def bwrap_argv(
     bubblewrap keeps only what the worker needs to switch to the unprivileged identity.
     """
     argv = [bwrap]
+    # CAP_SYS_ADMIN: only for ``configure_worker``'s /proc (``_hide_other_processes``), which
+    # drops it with the rest before anything else runs.
     if userns_fd is None:
-        argv.append("--unshare-user")
+        argv += ["--unshare-user", "--cap-add", "CAP_SYS_ADMIN"]
     else:
         argv += ["--userns", str(userns_fd), "--cap-drop", "ALL"]
-        for cap in ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP"):
+        for cap in ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP", "CAP_SYS_ADMIN"):
             argv += ["--cap-add", cap]
     argv += [
         "--unshare-pid",
@@ -491,6 +493,7 @@ class _State:
     seccomp: seccomp.Filter | None = None
     readable: list[str] = []  # noqa: RUF012 (module state, one per process)
     ruleset: landlock.Ruleset | None = None
+    hides_processes = False  # see ``_hide_other_processes``
 
 
 def configure_worker(backend: Backend, *, workspaces: str | None, identity: Identity | None) -> None:
@@ -504,6 +507,8 @@ def configure_worker(backend: Backend, *, workspaces: str | None, identity: Iden
     _State.identity = identity
     os.environ.pop("PWD", None)  # bubblewrap's --chdir sets it; the environment stays as given
     if backend == "bwrap":
+        # Else the pool gives each worker a zygote, and so a PID namespace, of its own.
+        _State.hides_processes = landlock.scopes_signals() and _hide_other_processes()
         if os.getuid() == 0:
             if identity is None:
                 raise RuntimeError("a bwrap worker started as root needs --identity")
@@ -511,8 +516,11 @@ def configure_worker(backend: Backend, *, workspaces: str | None, identity: Iden
             os.setgroups([])
             os.setresgid(identity.gid, identity.gid, identity.gid)
             os.setresuid(identity.uid, identity.uid, identity.uid)  # clears every capability
-            if capability_sets().get("CapPrm", 1):
-                raise RuntimeError("the worker still holds capabilities after switching user")
+        else:
+            drop_capabilities()  # and with the permitted set, the ambient one bubblewrap set
+        held = capability_sets()
+        if held.get("CapPrm", 1) or held.get("CapAmb", 1):
+            raise RuntimeError("the worker still holds capabilities after its set-up")
         _prctl(_PR_SET_DUMPABLE, 0)
     elif os.getuid() == 0 and identity is not None:
         # process, as root: its blocks will run as ``identity``, which must reach Python and
@@ -532,6 +540,29 @@ def configure_worker(backend: Backend, *, workspaces: str | None, identity: Iden
             "the process sandbox needs Landlock (Linux 5.13+, enabled in the kernel's LSM list) "
             "to confine blocks' files; use the bwrap sandbox"
         )
+
+
+def _hide_other_processes() -> bool:
+    """bwrap: mount this namespace's /proc again with ``hidepid=ptraceable``, so a process sees
+    in it only the processes it may ptrace-read. A block's Landlock domain (``enter``) makes
+    that its own processes: not the zygote, not its worker, not another conversation's block
+    in the same PID namespace (workers of one zygote may share it only then: ``hides_processes``).
+
+    Needs CAP_SYS_ADMIN over the PID namespace, which bubblewrap grants the zygote for this and
+    ``configure_worker`` drops. An unprivileged server's bubblewrap runs the zygote in a second
+    user namespace, without it (EPERM): False then.
+    """
+    try:
+        _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, "hidepid=ptraceable")
+    except OSError:
+        return False
+    return True
+
+
+def hides_processes() -> bool:
+    """Whether a block of this worker sees only its own processes in /proc (bwrap), so that
+    workers may share a PID namespace: the zygote tells the pool (its ``start`` report)."""
+    return _State.hides_processes
 
 
 def children(pid: int) -> list[int]:
@@ -955,6 +986,8 @@ def probe(workdir: str, *, workspaces: str, identity: Identity | None) -> None:
             enter(workdir, {"file_size_mb": 1, "memory_mb": 64})
             if capability_sets().get("CapEff", 1):
                 raise RuntimeError("capabilities left after entering the work directory")
+            if hides_processes() and os.path.exists(f"/proc/{os.getppid()}"):
+                raise RuntimeError("a block's /proc shows processes outside the block")
             with open("probe.txt", "w") as out:
                 out.write("ok")
             os.unlink("probe.txt")

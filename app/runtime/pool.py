@@ -425,9 +425,8 @@ class RuntimePool:
             assert self._bwrap is not None
             command = self._bwrap_argv(self._bwrap, command)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        # Workers of one zygote share its PID namespace: only when a block's signals cannot leave
-        # its own processes (the process backend: they share the host's anyway).
-        capacity = None if backend == "process" or landlock.scopes_signals() else 1
+        # Until it says otherwise (``_shares_namespace``), a zygote forks a single worker.
+        capacity = None if backend == "process" else 1
         try:
             creating = asyncio.ensure_future(
                 asyncio.create_subprocess_exec(
@@ -453,7 +452,21 @@ class RuntimePool:
             raise
         finally:
             theirs.close()
-        return Zygote(proc, ours, namespaced=backend == "bwrap", capacity=capacity)
+        zygote = Zygote(proc, ours, namespaced=backend == "bwrap", capacity=capacity)
+        try:
+            if await zygote.started() and self._shares_namespace():
+                zygote.capacity = None
+        except BaseException:
+            zygote.kill()
+            raise
+        return zygote
+
+    @staticmethod
+    def _shares_namespace() -> bool:
+        """Whether workers of one bwrap zygote may share its PID namespace, once it reports that
+        a block's /proc shows only its own processes: when a block's signals and abstract unix
+        sockets cannot leave its own processes either (Landlock's scopes)."""
+        return landlock.scopes_signals()
 
     async def _watch(self, worker: WorkerProcess) -> None:
         """When a worker exits on its own (crash, OOM killer), retire and replace it."""

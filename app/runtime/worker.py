@@ -292,6 +292,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         identity=isolation.Identity.parse(options.identity) if options.identity else None,
     )
     die_with_parent()
+    if options.zygote:  # first of its reports: whether its workers may share its PID namespace
+        write_frame(proto_out, {"t": "start", "hides": isolation.hides_processes()})
     # matplotlib picks its config and cache directory once, at import: this worker's own (its
     # home may not exist, e.g. nobody's); blocks get the environment without it.
     config = tempfile.mkdtemp(prefix="matplotlib-")

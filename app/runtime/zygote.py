@@ -57,7 +57,14 @@ class Zygote:
         self._control = control
         self._control.settimeout(_SEND_TIMEOUT_SECONDS)
         self._asked: deque[asyncio.Future[int]] = deque()
+        self._started: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._reports = asyncio.ensure_future(self._read_reports())
+
+    async def started(self) -> bool:
+        """Wait for the zygote's first report (sent before it imports anything): whether a block
+        sees only its own processes, so that its workers may share its PID namespace.
+        WorkerGone when it died first."""
+        return await asyncio.shield(self._started)
 
     @property
     def full(self) -> bool:
@@ -99,6 +106,11 @@ class Zygote:
         stdout = self.proc.stdout
         assert stdout is not None
         try:
+            header, _, _ = await read_frame_from(stdout, max_blob=0, max_header=256)
+            hides = header.get("hides")
+            if header.get("t") != "start" or not isinstance(hides, bool) or len(header) != 2:
+                raise FrameError(f"a zygote that did not start as expected: {header}")
+            self._started.set_result(hides)
             while True:
                 header, _, _ = await read_frame_from(stdout, max_blob=0, max_header=256)
                 pid = header.get("pid")
@@ -123,6 +135,9 @@ class Zygote:
 
     def _gone(self) -> None:
         self.dead = True
+        if not self._started.done():
+            self._started.set_exception(WorkerGone("the sandbox zygote is gone"))
+            self._started.exception()  # retrieved: nobody may be waiting for it
         for asked in self._asked:
             if not asked.done():
                 asked.set_exception(WorkerGone("the sandbox zygote is gone"))

@@ -24,7 +24,7 @@ import pytest_asyncio
 import structlog
 
 from app.config import Settings
-from app.runtime import RuntimePool, isolation
+from app.runtime import RuntimePool, isolation, landlock
 from app.runtime.isolation import Backend
 from tests.runtime.support import (
     BACKENDS,
@@ -110,6 +110,39 @@ open('mine.txt', 'w').write('written')
     assert (mine / "mine.txt").read_text() == "written"
     assert sorted(p.name for p in other.iterdir()) == ["secret.txt"]
     assert not (mine.parent / "new-conversation").exists()
+
+
+async def test_a_block_sees_no_process_but_its_own(
+    workspaces: Path, conversations: tuple[Path, Path]
+) -> None:
+    """bwrap: workers of one zygote share its PID namespace, so two conversations' blocks run side
+    by side in it; each lists in /proc only itself and what it started, never the other block, its
+    worker or the zygote (hidepid=ptraceable with a Landlock domain per block). Without Landlock's
+    scopes each worker has a zygote and a namespace of its own: bubblewrap's init, the zygote and
+    the worker are then all a block sees besides its own."""
+    if (why := await bwrap_unavailable(workspaces)) is not None:
+        pytest.skip(f"bubblewrap cannot run here: {why}")
+    code = """\
+import os, subprocess, time
+helper = subprocess.Popen(['sleep', '5'])
+time.sleep(0.5)  # both blocks are running now
+result([os.getpid(), helper.pid, sorted(int(p) for p in os.listdir('/proc') if p.isdigit())])
+helper.kill()
+"""
+    async with RuntimePool(size=2, preload=(), sandbox="bwrap", workspaces=workspaces) as pool:
+        first, second = await asyncio.gather(*(run(pool, code, workdir=d) for d in conversations))
+        shared = len(pool._zygotes) == 1
+    # Root (as in CI): bubblewrap lets the zygote mount its /proc; unprivileged, it cannot.
+    assert shared == (landlock.scopes_signals() and os.getuid() == 0)
+    seen = []
+    for outcome in (first, second):
+        assert outcome.status == "ok", outcome.error
+        seen.append(json.loads(outcome.results[0]))
+    for me, helper, visible in seen:
+        if shared:
+            assert visible == sorted([me, helper]), seen
+        else:  # bubblewrap's init, the zygote and the worker besides
+            assert len(visible) <= 5, seen
 
 
 async def test_a_block_holds_no_privileges(solo: RuntimePool, conversations: tuple[Path, Path]) -> None:
