@@ -77,6 +77,11 @@ class Settings(BaseSettings):
     # its next block or the resume of a paused one (0: never; every block then starts in a fresh
     # fork from the stored snapshot, and a resume replays the block from its journal).
     runtime_live_seconds: float = Field(default=10.0, ge=0, le=600)
+    # How many such processes may be held at once (parked or live), each a worker the pool forks
+    # beside the runtime_workers it keeps free (a fork of the zygote: a few MiB plus what its
+    # conversation holds); past it the least recently used gives way. 0: they take turns on
+    # runtime_workers - 1 of the workers themselves.
+    runtime_live_processes: int = Field(default=16, ge=0, le=1024)
     runtime_preload: str = "numpy,pandas,matplotlib"
     block_cpu_seconds: float = 10.0
     block_memory_mb: int = 2048

@@ -264,16 +264,19 @@ def _workers(pid: int) -> list[int]:
     return found
 
 
-def memory() -> tuple[float, float]:
-    """(RSS of a worker, private memory of its idle child) in MiB, averaged over workers."""
-    workers = _workers(os.getpid())
-    rss = [_kib(f"/proc/{w}/status", "VmRSS") / 1024 for w in workers]
-    private = [
-        _kib(f"/proc/{c}/smaps_rollup", "Private_Clean", "Private_Dirty") / 1024
-        for w in workers
-        for c in _children(w)
-    ]
-    return statistics.mean(rss), statistics.mean(private) if private else 0.0
+def memory() -> tuple[float, float, float]:
+    """MiB: the RSS of the zygote (the process that imported the preloads), and the private
+    memory of each worker it forked and of each worker's idle child, averaged."""
+    zygotes = _workers(os.getpid())
+    workers = [w for z in zygotes for w in _children(z)]
+    children = [c for w in workers for c in _children(w)]
+
+    def private(pids: list[int]) -> float:
+        sizes = [_kib(f"/proc/{p}/smaps_rollup", "Private_Clean", "Private_Dirty") / 1024 for p in pids]
+        return statistics.mean(sizes) if sizes else 0.0
+
+    rss = [_kib(f"/proc/{z}/status", "VmRSS") / 1024 for z in zygotes]
+    return statistics.mean(rss), private(workers), private(children)
 
 
 def cold_spawn(rounds: int = 20) -> float:
@@ -316,7 +319,7 @@ async def main(workers: int, blocks: int, preload: Sequence[str], sandbox: Sandb
             rate = await bench.throughput(blocks)
             fresh_cpu = await cpu_per_block(bench, min(blocks, 200))
             await bench.until_idle()
-            rss, private = memory()
+            rss, worker_private, child_private = memory()
             resume_1, resume_100 = await bench.resume_costs(40)
         live = await live_costs(preload, sandbox, workspaces, blocks)
     spawn = cold_spawn()
@@ -356,10 +359,12 @@ async def main(workers: int, blocks: int, preload: Sequence[str], sandbox: Sandb
             f"{resume_100 * ms:.3f} ms",
             f"ratio {resume_100 / resume_1:.2f} (budget <= 2)",
         ),
+        ("zygote RSS", f"{rss:.1f} MiB", "imports the preloads once; every worker is a fork of it"),
         (
-            "idle worker RSS",
-            f"{rss:.1f} MiB",
-            f"+ {private:.1f} MiB private per idle child (budget <= 100 MiB)",
+            "idle worker, private",
+            f"{worker_private + child_private:.1f} MiB",
+            f"{worker_private:.1f} MiB the worker + {child_private:.1f} MiB its idle child "
+            "(budget <= 100 MiB)",
         ),
         ("CPU per block, fresh fork", f"{fresh_cpu * ms:.2f} ms", "server + workers + children"),
         (

@@ -968,7 +968,13 @@ def uvicorn_argv(target: str, port: int, web_workers: int) -> list[str]:
 
 
 async def run(
-    quick: bool, *, runtime_workers: int, web_workers: int, workload_only: bool, json_out: Path | None
+    quick: bool,
+    *,
+    runtime_workers: int,
+    live_processes: int | None,
+    web_workers: int,
+    workload_only: bool,
+    json_out: Path | None,
 ) -> None:
     if importlib.util.find_spec("langgraph") is None or importlib.util.find_spec("langchain_openai") is None:
         raise SystemExit(
@@ -1008,6 +1014,8 @@ async def run(
             SABRE_DATA_DIR=str(tmpdir / "data"),
             HOME=str(tmpdir),
         )
+        if live_processes is not None:
+            sabre_env["SABRE_RUNTIME_LIVE_PROCESSES"] = str(live_processes)
         lg_env = clean_env(
             LANGGRAPH_DATABASE_URL=lg_dsn,
             OPENAI_BASE_URL=llm.base_url,
@@ -1074,7 +1082,8 @@ async def run(
                 [
                     "SABRE",
                     f"`python -m app.cli serve --workers {web_workers}`, PostgreSQL + Redis, "
-                    f"{runtime_workers} sandbox workers, chat API",
+                    f"{runtime_workers} sandbox workers, chat API"
+                    + ("" if live_processes is None else f", {live_processes} live processes"),
                 ],
                 [
                     "LangGraph",
@@ -1131,6 +1140,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer samples and a shorter load test")
     parser.add_argument("--runtime-workers", type=int, default=2, help="SABRE_RUNTIME_WORKERS of the server")
     parser.add_argument(
+        "--live-processes",
+        type=int,
+        default=None,
+        help="SABRE_RUNTIME_LIVE_PROCESSES of the server (default: the service's)",
+    )
+    parser.add_argument(
         "--web-workers", type=int, default=1, help="server processes of SABRE, LangGraph and the floor alike"
     )
     parser.add_argument(
@@ -1144,6 +1159,7 @@ def main() -> None:
         run(
             args.quick,
             runtime_workers=args.runtime_workers,
+            live_processes=args.live_processes,
             web_workers=args.web_workers,
             workload_only=args.workload_only,
             json_out=args.json,

@@ -94,8 +94,14 @@ class RuntimePool:
     fork, a namespace restore or a replay, if its snapshot is the one that process left (another
     replica may have run a block in between); otherwise, or too late, or when the pool needs the
     worker, the process stops and the block runs in a fresh fork from the stored snapshot exactly
-    as without it. A process never serves two conversations. At most ``size - 1`` processes are
-    bound, so a worker stays free for other blocks; the least recently used one gives way.
+    as without it. A process never serves two conversations.
+
+    ``live_processes`` (0: none): how many processes may be bound at once, each holding a
+    worker of its own, which the pool forks beside the ``size`` it keeps free for other blocks
+    (a fork of the zygote: a few MiB, plus what its conversation holds); a free worker beyond
+    ``size`` that stays idle ``surplus_idle_seconds`` goes. Without them at most ``size - 1``
+    processes are bound, taken from the workers themselves. Past the limit, the least recently
+    used one gives way.
     """
 
     def __init__(
@@ -106,11 +112,15 @@ class RuntimePool:
         sandbox: SandboxMode = "auto",
         workspaces: Path | None = None,
         live_seconds: float = 0.0,
+        live_processes: int = 0,
+        surplus_idle_seconds: float = 30.0,
         fallback: bool = True,
         bwrap: str | None = None,
     ) -> None:
         if size < 1:
             raise ValueError("a runtime pool needs at least one worker")
+        if live_processes < 0:
+            raise ValueError("live_processes cannot be negative")
         if sandbox not in ("auto", "bwrap", "process"):
             raise ValueError(f"unknown sandbox {sandbox!r} (auto, bwrap or process)")
         if sandbox == "bwrap" and workspaces is None:
@@ -145,6 +155,12 @@ class RuntimePool:
         # conversation), least recently used first.
         self._live_seconds = live_seconds
         self._bound: dict[Path, Bound] = {}
+        # Workers forked beyond ``size`` so that bound processes do not take the free ones, and
+        # how many of those are being forked; surplus idle workers go after a while.
+        self._live_processes = live_processes
+        self._growing = 0
+        self._surplus_idle_seconds = surplus_idle_seconds
+        self._trimming: asyncio.Task[None] | None = None
 
     @property
     def idle_workers(self) -> int:
@@ -152,11 +168,55 @@ class RuntimePool:
         return sum(1 for worker in self._workers if worker.state is WorkerState.IDLE)
 
     def _set_state(self, worker: WorkerProcess, state: WorkerState) -> None:
-        """Move ``worker`` to ``state``; an idle one queues for ``_acquire``, which is woken."""
+        """Move ``worker`` to ``state``; an idle one queues for ``_acquire``, which is woken (and,
+        when the pool holds more free workers than ``size``, goes if it stays idle)."""
         worker.state = state
         if state is WorkerState.IDLE:
+            worker.idle_since = time.monotonic()
             self._idle.append(worker)
+            if self._trimming is None and self._surplus() > 0:
+                self._trimming = self._background(self._trim())
         self._wake()
+
+    def _surplus(self) -> int:
+        """How many more workers than ``size`` are free of conversations (running, idle, rearming)."""
+        free = sum(1 for w in self._workers if w.state is not WorkerState.BOUND)
+        return free - self._size
+
+    def _grow(self) -> None:
+        """Keep ``size`` workers free of conversations: fork one more when a process was just
+        bound, up to ``size + live_processes`` workers in all."""
+        if not self._live_processes or self._closed:
+            return
+        free = sum(1 for w in self._workers if w.state is not WorkerState.BOUND) + self._growing
+        if free < self._size and len(self._workers) + self._growing < self._size + self._live_processes:
+            self._growing += 1
+            self._background(self._add_worker())
+
+    async def _add_worker(self) -> None:
+        try:
+            worker = await self._spawn()
+        except Exception as exc:  # the pool goes on with what it has: bound ones give way as before
+            log.warning("sandbox_worker_not_added", reason=str(exc) or type(exc).__name__)
+            return
+        finally:
+            self._growing -= 1
+        self._set_state(worker, WorkerState.IDLE)
+
+    async def _trim(self) -> None:
+        """While more workers than ``size`` are free, those idle ``surplus_idle_seconds`` go,
+        the longest idle first (they were forked for processes bound meanwhile)."""
+        try:
+            while self._surplus() > 0 and not self._closed:
+                await asyncio.sleep(self._surplus_idle_seconds / 4)
+                before = time.monotonic() - self._surplus_idle_seconds
+                idle = [w for w in self._workers if w.state is WorkerState.IDLE and w.idle_since <= before]
+                for worker in sorted(idle, key=lambda w: w.idle_since)[: max(self._surplus(), 0)]:
+                    self._workers.discard(worker)
+                    worker.state = WorkerState.RETIRED  # skipped by ``_acquire``; not replaced
+                    worker.kill()
+        finally:
+            self._trimming = None
 
     def _wake(self) -> None:
         """Let every waiting ``_acquire`` look again."""
@@ -713,24 +773,39 @@ class RuntimePool:
 
     def _may_bind(self) -> bool:
         """Whether a process may stay bound to its conversation after a block (or its pause)."""
-        return self._live_seconds > 0 and not self._closed and self._size > 1
+        return self._live_seconds > 0 and not self._closed and self._bound_capacity() > 0
+
+    def _bound_capacity(self) -> int:
+        """How many processes may be bound at once: ``live_processes`` (forked as needed beside
+        the ``size`` free workers), or ``size - 1`` of the workers themselves without them."""
+        return max(self._size - 1, self._live_processes)
 
     def _bind(self, workdir: Path, bound: Bound) -> None:
         """Keep ``bound`` for ``workdir``'s next block; the least recently used gives way when
-        ``size - 1`` are bound already."""
+        as many as the pool may hold are bound already."""
         earlier = self._bound.pop(workdir, None)
         if earlier is not None:  # the conversation ran a block elsewhere in between
             self._let_go(earlier)
         if self._closed:
             self._let_go(bound)
             return
-        while len(self._bound) >= self._size - 1:
-            oldest = self._bound.pop(next(iter(self._bound)))
-            oldest.cancel_timer()
-            self._let_go(oldest)
+        while len(self._bound) >= self._bound_capacity():
+            if bound.exchange is None and all(b.exchange is not None for b in self._bound.values()):
+                self._let_go(bound)  # a live process gives way to paused blocks, not they to it
+                return
+            self._give_way()
         self._set_state(bound.worker, WorkerState.BOUND)
         bound.timer = self._background(self._expire(workdir, bound))
         self._bound[workdir] = bound
+        self._grow()
+
+    def _give_way(self) -> None:
+        """Release one bound process: the least recently used live one, or when every one holds
+        a paused block (whose resume is due, and would replay), the least recently used of those."""
+        workdir = next((w for w, b in self._bound.items() if b.exchange is None), None)
+        oldest = self._bound.pop(next(iter(self._bound)) if workdir is None else workdir)
+        oldest.cancel_timer()
+        self._let_go(oldest)
 
     def _take_bound(self, workdir: Path) -> Bound | None:
         bound = self._bound.pop(workdir, None)
@@ -813,12 +888,14 @@ class RuntimePool:
                 raise RuntimeError("the runtime pool is closed")
             if not self._workers and self._spawn_error is not None:
                 raise RuntimeError(f"no sandbox worker can start: {self._spawn_error}")
-            if self._bound and not any(w.state is WorkerState.REARMING for w in self._workers):
-                # Every other worker is running a block (none is about to be free): the least
-                # recently used bound process gives its worker back (its conversation replays).
-                oldest = self._bound.pop(next(iter(self._bound)))
-                oldest.cancel_timer()
-                self._let_go(oldest)
+            if (
+                self._bound
+                and not self._growing
+                and not any(w.state in (WorkerState.REARMING, WorkerState.STARTING) for w in self._workers)
+            ):
+                # Every other worker is running a block (none is about to be free or added): a
+                # bound process gives its worker back (its conversation replays).
+                self._give_way()
             await self._changes()
 
 

@@ -86,6 +86,7 @@ class WorkerProcess:
         self.dead = False
         self.exited = asyncio.Event()  # its zygote reaped it (or the zygote itself is gone)
         self.last_header_bytes = 0  # of the last frame read (the journal's size is capped)
+        self.idle_since = 0.0  # when it last became idle (the pool lets surplus idle ones go)
         self._reader = reader
         self._writer = writer
 

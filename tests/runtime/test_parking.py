@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -186,3 +186,77 @@ async def test_a_waiting_block_cancelled_leaves_the_others_waiting(workspaces: P
         assert gone.cancelled()
     finally:
         await pool.aclose()
+
+
+@pytest_asyncio.fixture(loop_scope="package", params=BACKENDS)
+async def roomy(request: pytest.FixtureRequest, workspaces: Path) -> AsyncIterator[RuntimePool]:
+    """One free worker, and room for two processes bound to conversations beside it."""
+    if request.param == "bwrap" and (why := await bwrap_unavailable(workspaces)) is not None:
+        pytest.skip(f"bubblewrap cannot run here: {why}")
+    async with RuntimePool(
+        size=1,
+        preload=(),
+        sandbox=request.param,
+        workspaces=workspaces,
+        live_seconds=30.0,
+        live_processes=2,
+        surplus_idle_seconds=0.3,
+    ) as pool:
+        yield pool
+
+
+async def _until(condition: Callable[[], bool], seconds: float = 10.0) -> None:
+    for _ in range(int(seconds * 100)):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the pool did not get there in time")
+
+
+async def test_bound_processes_get_workers_of_their_own(roomy: RuntimePool, workspaces: Path) -> None:
+    """live_processes: two paused blocks keep their processes, each on a worker forked for it,
+    while the free worker goes on serving new blocks; both resume where they stopped."""
+    first, second, third = (Path(tempfile.mkdtemp(prefix="room-", dir=workspaces)) for _ in range(3))
+    journal_a = await pause(roomy, first)
+    journal_b = await pause(roomy, second)
+    assert roomy.parked_blocks == 2, [(w.state, w.pid) for w in roomy._workers]
+    await _until(lambda: roomy.idle_workers == 1)
+    assert len(roomy._workers) == 3
+    done = await run(roomy, "result(3)", workdir=third)  # the free one: nobody gives way
+    assert done.results == ["3"]
+    assert roomy.parked_blocks == 2
+    a = await run(roomy, CODE, workdir=first, tools={"lookup": ["order_id"]}, journal=journal_a)
+    b = await run(roomy, CODE, workdir=second, tools={"lookup": ["order_id"]}, journal=journal_b)
+    assert (a.process, a.results[-1]) == ("resumed", "1"), a.error
+    assert (b.process, b.results[-1]) == ("resumed", "1"), b.error
+
+
+async def test_past_live_processes_the_least_recently_used_gives_way(
+    roomy: RuntimePool, workspaces: Path
+) -> None:
+    first, second, third = (Path(tempfile.mkdtemp(prefix="room-", dir=workspaces)) for _ in range(3))
+    journal_a = await pause(roomy, first)
+    await pause(roomy, second)
+    await pause(roomy, third)  # a third: the first gives way (its block will replay)
+    assert roomy.parked_blocks == 2
+    await _until(lambda: len(roomy._workers) <= 3 and roomy.idle_workers >= 1)
+    assert len(roomy._workers) <= 3  # never more than size + live_processes
+    a = await run(roomy, CODE, workdir=first, tools={"lookup": ["order_id"]}, journal=journal_a)
+    assert (a.process, a.results[-1]) == ("fresh", "2"), a.error
+
+
+async def test_surplus_workers_go_once_their_conversations_let_go(
+    roomy: RuntimePool, workspaces: Path
+) -> None:
+    """When the bound processes are released, the pool is back to ``size`` workers after
+    ``surplus_idle_seconds``: the extra ones were only for them."""
+    paths = [Path(tempfile.mkdtemp(prefix="room-", dir=workspaces)) for _ in range(2)]
+    for path in paths:
+        await pause(roomy, path)
+    await _until(lambda: len(roomy._workers) == 3 and roomy.idle_workers == 1)
+    for bound in list(roomy._bound.values()):
+        roomy._let_go(bound)  # as their live time running out would
+    roomy._bound.clear()
+    await _until(lambda: len(roomy._workers) == 1 and roomy.idle_workers == 1)
+    done = await run(roomy, "result(1)", workdir=paths[0])
+    assert done.results == ["1"]
