@@ -4,7 +4,7 @@ The data directory holds the embedded store (conversations, hashed API keys, too
 every conversation's files: nothing another local user may read. The sandbox still reaches the
 workspaces inside it: bubblewrap binds them as root of its own user namespace, and the process
 backend, as root, gives its blocks' identity a mount namespace in which the path is reachable
-(``isolation._make_reachable``); without root, blocks run as the owner.
+(``isolation.confine.make_reachable``); without root, blocks run as the owner.
 
 SQLite creates its ``-wal``, ``-shm`` and ``-journal`` files with the database file's mode, so a
 database created 0600 keeps them 0600; a store made by an older version is tightened here.

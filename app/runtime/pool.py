@@ -380,7 +380,7 @@ class RuntimePool:
         probe_dir = Path(tempfile.mkdtemp(prefix=".sandbox-probe-", dir=self._workspaces))
         try:
             isolation.adopt(probe_dir, self._identity)
-            command = [sys.executable, "-m", "app.runtime.isolation", "--probe", str(probe_dir)]
+            command = [sys.executable, "-m", "app.runtime.isolation.probe", "--probe", str(probe_dir)]
             command += ["--workspaces", str(self._workspaces)]
             if self._identity is not None:
                 command += ["--identity", str(self._identity)]

@@ -26,6 +26,7 @@ import structlog
 from app.config import Settings
 from app.runtime import RuntimePool, isolation, landlock
 from app.runtime.isolation import Backend
+from app.runtime.isolation.host import ETC
 from tests.runtime.support import (
     BACKENDS,
     bwrap_unavailable,
@@ -231,7 +232,7 @@ result(os.access('/', os.W_OK) or os.access('/etc', os.W_OK) or os.access('/dev'
     }
     etc = set(json.loads(outcome.results[1]))
     assert "shadow" not in etc
-    assert etc <= set(isolation._ETC)
+    assert etc <= set(ETC)
     # Not the project directory: only the package (and a virtualenv kept there), no .env.
     assert set(json.loads(outcome.results[2])) <= {"app", ".venv"}
     assert outcome.results[3] == "False"

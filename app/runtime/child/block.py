@@ -140,7 +140,7 @@ class Block:
                 reap_children()  # what the last block started, which the worker killed
             if self._dry or self._live is not None:
                 os.chdir(workdir)  # a live process is confined to it already
-            else:  # narrow the view to workdir, drop privileges, enter it (isolation.py)
+            else:  # narrow the view to workdir, drop privileges, enter it (isolation.confine)
                 isolation.enter(workdir, limits)
             apply_limits(limits, dry=self._dry, keep=self._keep, live=self._live is not None)
             self._workdir = Path(os.getcwd())  # canonical: symbolic links resolved
