@@ -82,6 +82,9 @@ class Settings(BaseSettings):
     # conversation holds); past it the least recently used gives way. 0: they take turns on
     # runtime_workers - 1 of the workers themselves.
     runtime_live_processes: int = Field(default=16, ge=0, le=1024)
+    # What those live processes may hold together (MiB) beyond what they share with their worker
+    # (a block's own variables, a DataFrame it loaded); past it the least recently used goes.
+    runtime_live_memory_mb: int = Field(default=1024, ge=0, le=1 << 20)
     runtime_preload: str = "numpy,pandas,matplotlib"
     block_cpu_seconds: float = 10.0
     block_memory_mb: int = 2048

@@ -132,6 +132,7 @@ async def open_resources(settings: Settings, *, role: Role = "api") -> AsyncIter
             workspaces=settings.workspaces_dir,
             live_seconds=settings.runtime_live_seconds,
             live_processes=settings.runtime_live_processes,
+            live_memory_mb=settings.runtime_live_memory_mb,
             fallback=namespaces_required is None,
             bwrap=None if settings.bwrap_path is None else str(settings.bwrap_path),
         )

@@ -596,6 +596,10 @@ class Workload:
             return float("nan")
         return 1000 * self.load.cores[group] * self.load.seconds / (2 * self.load.conversations)
 
+    def service_ms(self) -> float:
+        """CPU ms per request of the service itself: its server processes and its sandboxes."""
+        return self.cpu_ms("server") + self.cpu_ms("sandboxes")
+
 
 def runners(bench: Bench) -> dict[str, Callable[[httpx.AsyncClient], Awaitable[tuple[Timed, Timed] | None]]]:
     return {
@@ -661,7 +665,7 @@ async def sequential_workload(bench: Bench, client: httpx.AsyncClient, n: int) -
     return results
 
 
-CPU_GROUPS = ("bench process", "server + sandboxes", "postgres", "redis")
+CPU_GROUPS = ("bench process", "server", "sandboxes", "postgres", "redis")
 
 
 def _ours(pid: int, databases: Sequence[str]) -> bool:
@@ -705,12 +709,15 @@ def cpu_seconds(server_pid: int, databases: Sequence[str] = ()) -> dict[str, flo
             if ppid in tree and pid not in tree:
                 tree.add(pid)
                 grew = True
+    sandboxes = _sandbox_processes(tree - {server_pid}, stats)
     totals = dict.fromkeys(CPU_GROUPS, 0.0)
     for pid, (_, comm, own, reaped) in stats.items():
         if pid == os.getpid():
             totals["bench process"] += own + reaped
+        elif pid in sandboxes:
+            totals["sandboxes"] += own + reaped
         elif pid in tree:
-            totals["server + sandboxes"] += own + reaped
+            totals["server"] += own + reaped
         elif comm == "postgres":
             if not databases:
                 totals["postgres"] += own + reaped
@@ -719,6 +726,30 @@ def cpu_seconds(server_pid: int, databases: Sequence[str] = ()) -> dict[str, flo
         elif comm.startswith("redis-server"):
             totals["redis"] += own + reaped
     return totals
+
+
+def _sandbox_processes(below: set[int], stats: dict[int, tuple[int, str, float, float]]) -> set[int]:
+    """Of the server's descendants ``below``: SABRE's sandbox (bubblewrap, a zygote or worker of
+    ``app.runtime.worker``) and everything under it. The rest are web server processes."""
+
+    def sandbox(pid: int) -> bool:
+        if stats[pid][1] == "bwrap":
+            return True
+        try:
+            return b"app.runtime.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return False
+
+    roots = {pid for pid in below if sandbox(pid)}
+    found = set(roots)
+    grew = True
+    while grew:
+        grew = False
+        for pid in below - found:
+            if stats[pid][0] in found:
+                found.add(pid)
+                grew = True
+    return found
 
 
 @dataclass
@@ -857,9 +888,10 @@ async def concurrent_workload(bench: Bench, duration: float, results: dict[str, 
                 name,
                 *(f"{r.cores[g]:.2f}" for g in CPU_GROUPS),
                 f"{sum(r.cores.values()):.2f}",
-                f"{w.cpu_ms('server + sandboxes'):.2f}",
+                f"{w.cpu_ms('server'):.2f}",
+                f"{w.cpu_ms('sandboxes'):.2f}",
                 f"{w.cpu_ms('postgres'):.2f}",
-                f"{w.cpu_ms('server + sandboxes') + w.cpu_ms('postgres') + w.cpu_ms('redis'):.2f}",
+                f"{w.service_ms() + w.cpu_ms('postgres') + w.cpu_ms('redis'):.2f}",
             ]
         )
     table(
@@ -869,13 +901,15 @@ async def concurrent_workload(bench: Bench, duration: float, results: dict[str, 
             *CPU_GROUPS,
             "total",
             "server ms/request",
+            "sandboxes ms/request",
             "postgres ms/request",
-            "server + stores ms/request",
+            "service + stores ms/request",
         ],
         cpu_rows,
         [
             f"The machine has {os.cpu_count()} cores. 'bench process' = the 8 HTTP clients + the "
-            "scripted LLM; 'server' = the served process and its children (SABRE's sandbox workers); "
+            "scripted LLM; 'server' = the served process and its web workers; 'sandboxes' = SABRE's "
+            "bubblewrap, zygote, workers and blocks below it; "
             "'postgres' = the backends connected to this run's databases (others on a shared server "
             "are left out); a request is half a conversation."
         ],
@@ -895,7 +929,8 @@ def summary(results: dict[str, Workload]) -> dict[str, dict[str, float]]:
             "resume_p50_ms": 1000 * w.latency("resume", 50),
             "resume_p90_ms": 1000 * w.latency("resume", 90),
             "conversations_per_s": w.load.rate if w.load else float("nan"),
-            "server_cpu_ms_per_request": w.cpu_ms("server + sandboxes"),
+            "server_cpu_ms_per_request": w.service_ms(),
+            "sandbox_cpu_ms_per_request": w.cpu_ms("sandboxes"),
             "stores_cpu_ms_per_request": w.cpu_ms("postgres") + w.cpu_ms("redis"),
         }
         for name, w in results.items()
@@ -925,6 +960,7 @@ def summary(results: dict[str, Workload]) -> dict[str, dict[str, float]]:
             "resume p90 ms",
             "conversations/s, 8 clients",
             "server CPU ms/request",
+            "of which sandboxes",
             "PG + Redis CPU ms/request",
         ],
         [

@@ -23,6 +23,7 @@ class Bound:
     exchange: Exchange | None = None
     code: str = ""
     state: bytes = b""
+    memory_kb: int = 0  # live: what its resident memory grew by since its fork
     timer: asyncio.Future[None] | None = None
 
     def cancel_timer(self) -> None:

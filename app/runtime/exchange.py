@@ -116,6 +116,7 @@ class Exchange:
         self._live_run = False  # the block went to a live process
         self._heard = False  # a frame of the block came back
         self.live = False  # the process stays live after the block
+        self.grown_kb = 0  # then: how much memory it holds beyond its fork (the worker's figure)
         self._remaining = limits.wall_clock_seconds + KILL_GRACE_SECONDS
         self._limits = limits
         self._names = names
@@ -339,6 +340,7 @@ class Exchange:
             raise _violation("inconsistent replay count")
         self._replayed = frame.replayed
         self.live = frame.live and self._keep and frame.status in ("ok", "error")
+        self.grown_kb = frame.grown_kb if self.live else 0
         blob, figures = self._figures(frame, blob)
         if len(blob) > self._limits.snapshot_bytes:
             raise _violation("the snapshot is larger than its limit")

@@ -78,6 +78,9 @@ class DoneFrame(Frame):
     )
     # The child stays live for its conversation's next block (the worker vouches for it).
     live: bool = False
+    # How much its resident memory grew since it was forked, in KiB, as the worker measured it
+    # (0 unless live): what the pool weighs against the live processes' memory budget.
+    grown_kb: int = Field(default=0, ge=0)
 
 
 class StaleFrame(Frame):

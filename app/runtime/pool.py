@@ -102,6 +102,10 @@ class RuntimePool:
     ``size`` that stays idle ``surplus_idle_seconds`` goes. Without them at most ``size - 1``
     processes are bound, taken from the workers themselves. Past the limit, the least recently
     used one gives way.
+
+    ``live_memory_mb``: what live processes may hold together beyond what they shared with their
+    worker when forked (their resident memory's growth, as each worker measures it); past it the
+    least recently used live one gives way, and a process that alone holds more is not kept.
     """
 
     def __init__(
@@ -113,14 +117,15 @@ class RuntimePool:
         workspaces: Path | None = None,
         live_seconds: float = 0.0,
         live_processes: int = 0,
+        live_memory_mb: int = 1024,
         surplus_idle_seconds: float = 30.0,
         fallback: bool = True,
         bwrap: str | None = None,
     ) -> None:
         if size < 1:
             raise ValueError("a runtime pool needs at least one worker")
-        if live_processes < 0:
-            raise ValueError("live_processes cannot be negative")
+        if live_processes < 0 or live_memory_mb < 0:
+            raise ValueError("live_processes and live_memory_mb cannot be negative")
         if sandbox not in ("auto", "bwrap", "process"):
             raise ValueError(f"unknown sandbox {sandbox!r} (auto, bwrap or process)")
         if sandbox == "bwrap" and workspaces is None:
@@ -158,6 +163,7 @@ class RuntimePool:
         # Workers forked beyond ``size`` so that bound processes do not take the free ones, and
         # how many of those are being forked; surplus idle workers go after a while.
         self._live_processes = live_processes
+        self._live_memory_kb = live_memory_mb * 1024
         self._growing = 0
         self._surplus_idle_seconds = surplus_idle_seconds
         self._trimming: asyncio.Task[None] | None = None
@@ -740,7 +746,9 @@ class RuntimePool:
         outcome.process = process
         if exchange.live:
             kept = outcome.snapshot if outcome.snapshot is not None else state
-            self._bind(workdir, Bound(worker=worker, limits=limits, blocks=blocks, state=kept))
+            bound = Bound(worker=worker, limits=limits, blocks=blocks, state=kept)
+            bound.memory_kb = exchange.grown_kb
+            self._bind(workdir, bound)
         else:
             self._start_rearm(worker)
         return outcome
@@ -789,6 +797,9 @@ class RuntimePool:
         if self._closed:
             self._let_go(bound)
             return
+        if bound.exchange is None and bound.memory_kb > self._live_memory_kb:
+            self._let_go(bound)  # it alone holds more than all live processes may
+            return
         while len(self._bound) >= self._bound_capacity():
             if bound.exchange is None and all(b.exchange is not None for b in self._bound.values()):
                 self._let_go(bound)  # a live process gives way to paused blocks, not they to it
@@ -797,6 +808,8 @@ class RuntimePool:
         self._set_state(bound.worker, WorkerState.BOUND)
         bound.timer = self._background(self._expire(workdir, bound))
         self._bound[workdir] = bound
+        while sum(b.memory_kb for b in self._bound.values()) > self._live_memory_kb:
+            self._give_way()  # live ones only hold memory: the least recently used goes first
         self._grow()
 
     def _give_way(self) -> None:

@@ -244,3 +244,91 @@ async def test_a_live_process_that_speaks_between_blocks_is_killed(
     assert second.status == "ok", second.error
     assert second.results[0] == "1"
     assert second.results[1] != first.results[1]
+
+
+# -- the live processes' memory budget ------------------------------------------------------------
+
+# Memory the block's process keeps without its namespace (a library's cache, say): not in the
+# snapshot, so only the live process holds it. Filled, so that it is resident.
+HOLD = "import sys\nsys.sabre_held = b'x' * ({mb} << 20)\n"
+
+
+@pytest_asyncio.fixture(loop_scope="module", params=BACKENDS)
+async def budgeted(request: pytest.FixtureRequest, workspaces: Path) -> AsyncIterator[RuntimePool]:
+    """Three workers; live processes may hold 100 MiB together beyond their fork."""
+    if request.param == "bwrap" and (why := await bwrap_unavailable(workspaces)) is not None:
+        pytest.skip(f"bubblewrap cannot run here: {why}")
+    async with RuntimePool(
+        size=3,
+        preload=(),
+        sandbox=request.param,
+        workspaces=workspaces,
+        live_seconds=30.0,
+        live_processes=4,
+        live_memory_mb=100,
+    ) as pool:
+        yield pool
+
+
+async def test_a_process_holding_more_than_the_budget_is_not_kept_live(
+    budgeted: RuntimePool, workspaces: Path
+) -> None:
+    workdir = conversation(workspaces)
+    first = await run(budgeted, HOLD.format(mb=160) + "x = 1\n" + PID, workdir=workdir)
+    assert first.status == "ok", first.error
+    assert budgeted.live_processes == 0
+    second = await run(budgeted, "result(x)\n" + PID, workdir=workdir, snapshot=first.snapshot)
+    assert second.status == "ok", second.error
+    assert second.results[0] == "1"  # replayed from the snapshot, in a fresh fork
+    assert second.process == "fresh"
+    assert second.results[1] != first.results[0]
+
+
+async def test_past_the_memory_budget_the_least_recently_used_live_process_goes(
+    budgeted: RuntimePool, workspaces: Path
+) -> None:
+    """Two conversations hold 60 MiB each: both fit the count, not the memory; the older one goes."""
+    older, newer = conversation(workspaces), conversation(workspaces)
+    a = await run(budgeted, HOLD.format(mb=60) + PID, workdir=older)
+    b = await run(budgeted, HOLD.format(mb=60) + PID, workdir=newer)
+    assert (a.status, b.status) == ("ok", "ok"), (a.error, b.error)
+    assert budgeted.live_processes == 1
+    again_b = await run(budgeted, PID, workdir=newer, snapshot=b.snapshot)
+    again_a = await run(budgeted, PID, workdir=older, snapshot=a.snapshot)
+    assert (again_b.process, again_b.results[0]) == ("live", b.results[0])
+    assert again_a.process == "fresh"
+    # Small ones stay together: the budget counts what each holds, not how many there are.
+    small = [conversation(workspaces) for _ in range(3)]
+    for path in small:
+        assert (await run(budgeted, "x = 1\n", workdir=path)).status == "ok"
+    assert budgeted.live_processes >= 3
+
+
+async def test_a_block_cannot_understate_what_its_process_holds(
+    budgeted: RuntimePool, workspaces: Path
+) -> None:
+    """The memory weighed is the worker's measurement: a block that forges its own ``done``
+    frame saying it stays live and holds nothing is still not kept."""
+    workdir = conversation(workspaces)
+    forged = {
+        "t": "done",
+        "status": "ok",
+        "stdout": "",
+        "results": ["forged"],
+        "error": None,
+        "limit": None,
+        "dropped": [],
+        "replayed": 0,
+        "live": True,
+        "grown_kb": 0,
+    }
+    code = (
+        HOLD.format(mb=160)
+        + "import os\nfrom app.runtime.protocol import encode_frame\n"
+        + f"os.write(3, encode_frame({forged!r}))\n"
+        + "os.read(3, 1)  # waits, as a live process waits for its next block\n"
+    )
+    outcome = await run(budgeted, code, workdir=workdir)
+    assert outcome.results == ["forged"]  # the worker took the frame as the block's end
+    assert budgeted.live_processes == 0
+    assert (await run(budgeted, "result(6 * 7)", workdir=conversation(workspaces))).results == ["42"]
