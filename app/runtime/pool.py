@@ -207,6 +207,7 @@ class RuntimePool:
             return
         finally:
             self._growing -= 1
+            self._wake()  # a waiting block that counted on this worker looks again (and may evict)
         self._set_state(worker, WorkerState.IDLE)
 
     async def _trim(self) -> None:

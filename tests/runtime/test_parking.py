@@ -260,3 +260,25 @@ async def test_surplus_workers_go_once_their_conversations_let_go(
     await _until(lambda: len(roomy._workers) == 1 and roomy.idle_workers == 1)
     done = await run(roomy, "result(1)", workdir=paths[0])
     assert done.results == ["1"]
+
+
+async def test_a_worker_that_cannot_be_added_does_not_strand_a_waiting_block(workspaces: Path) -> None:
+    """The one worker holds a paused block and the worker forked to replace it fails to start
+    (the kernel refused the fork, say): a block that waited for it is not left waiting until the
+    paused one's live time runs out; the paused one gives way."""
+    async with RuntimePool(
+        size=1, preload=(), sandbox="process", workspaces=workspaces, live_seconds=60.0, live_processes=1
+    ) as pool:
+
+        async def refused() -> None:
+            await asyncio.sleep(0.3)
+            raise RuntimeError("the sandbox zygote could not fork a worker")
+
+        pool._spawn = refused  # type: ignore[method-assign,assignment]
+        first, second = (Path(tempfile.mkdtemp(prefix="room-", dir=workspaces)) for _ in range(2))
+        await pause(pool, first)
+        assert pool.parked_blocks == 1
+        async with asyncio.timeout(10):
+            done = await run(pool, "result(2)", workdir=second)
+        assert done.results == ["2"]
+        assert pool.parked_blocks == 0
