@@ -99,9 +99,11 @@ class RuntimePool:
     ``live_processes`` (0: none): how many processes may be bound at once, each holding a
     worker of its own, which the pool forks beside the ``size`` it keeps free for other blocks
     (a fork of the zygote: a few MiB, plus what its conversation holds); a free worker beyond
-    ``size`` that stays idle ``surplus_idle_seconds`` goes. Without them at most ``size - 1``
-    processes are bound, taken from the workers themselves. Past the limit, the least recently
-    used one gives way.
+    ``size`` that stays idle ``surplus_idle_seconds`` goes. Without them, or where workers of
+    one zygote cannot share its PID namespace (an unprivileged server under bwrap: each worker
+    is then a bubblewrap and an interpreter of its own), at most ``size - 1`` processes are
+    bound, taken from the workers themselves. Past the limit, the least recently used one gives
+    way.
 
     ``live_memory_mb``: what live processes may hold together beyond what they shared with their
     worker when forked (their resident memory's growth, as each worker measures it); past it the
@@ -167,6 +169,7 @@ class RuntimePool:
         self._growing = 0
         self._surplus_idle_seconds = surplus_idle_seconds
         self._trimming: asyncio.Task[None] | None = None
+        self._cheap_workers = False  # known once a zygote started (``_start_zygote``)
 
     @property
     def idle_workers(self) -> int:
@@ -192,7 +195,7 @@ class RuntimePool:
     def _grow(self) -> None:
         """Keep ``size`` workers free of conversations: fork one more when a process was just
         bound, up to ``size + live_processes`` workers in all."""
-        if not self._live_processes or self._closed:
+        if not self._live_processes or self._closed or not self._cheap_workers:
             return
         free = sum(1 for w in self._workers if w.state is not WorkerState.BOUND) + self._growing
         if free < self._size and len(self._workers) + self._growing < self._size + self._live_processes:
@@ -523,6 +526,10 @@ class RuntimePool:
         try:
             if await zygote.started() and self._shares_namespace():
                 zygote.capacity = None
+            # Workers forked for bound processes only where a worker is a fork of a running
+            # zygote: otherwise each is a bubblewrap and an interpreter of its own (~0.5 s of
+            # CPU and ~90 MiB with the preloads), too dear to start for one conversation.
+            self._cheap_workers = zygote.capacity is None
         except BaseException:
             zygote.kill()
             raise
@@ -786,8 +793,9 @@ class RuntimePool:
 
     def _bound_capacity(self) -> int:
         """How many processes may be bound at once: ``live_processes`` (forked as needed beside
-        the ``size`` free workers), or ``size - 1`` of the workers themselves without them."""
-        return max(self._size - 1, self._live_processes)
+        the ``size`` free workers), or ``size - 1`` of the workers themselves without them, or
+        where a worker is not a cheap fork (``_cheap_workers``)."""
+        return max(self._size - 1, self._live_processes if self._cheap_workers else 0)
 
     def _bind(self, workdir: Path, bound: Bound) -> None:
         """Keep ``bound`` for ``workdir``'s next block; the least recently used gives way when

@@ -282,3 +282,25 @@ async def test_a_worker_that_cannot_be_added_does_not_strand_a_waiting_block(wor
             done = await run(pool, "result(2)", workdir=second)
         assert done.results == ["2"]
         assert pool.parked_blocks == 0
+
+
+async def test_without_cheap_workers_bound_processes_take_turns_on_the_workers(
+    workspaces: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where workers of one zygote cannot share its PID namespace (an unprivileged server under
+    bwrap, where bubblewrap refuses the zygote its /proc), a worker is a bubblewrap and an
+    interpreter of its own: the pool forks none for bound processes, which take turns on
+    ``size - 1`` of its workers as before."""
+    if (why := await bwrap_unavailable(workspaces)) is not None:
+        pytest.skip(f"bubblewrap cannot run here: {why}")
+    monkeypatch.setattr(RuntimePool, "_shares_namespace", staticmethod(lambda: False))
+    async with RuntimePool(
+        size=2, preload=(), sandbox="bwrap", workspaces=workspaces, live_seconds=30.0, live_processes=4
+    ) as pool:
+        assert len(pool._zygotes) == 2  # a zygote, and a namespace, per worker
+        first, second = (Path(tempfile.mkdtemp(prefix="room-", dir=workspaces)) for _ in range(2))
+        await pause(pool, first)
+        await pause(pool, second)  # the first gives way: one worker stays free
+        assert pool.parked_blocks == 1
+        await asyncio.sleep(0.3)
+        assert len(pool._workers) == 2
