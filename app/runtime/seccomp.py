@@ -16,6 +16,11 @@ What it denies (everything else is allowed):
   userfaultfd, io_uring, file handles, fanotify), administration (modules, kexec, swap, reboot,
   acct, quotas, syslog), ``personality`` other than the query, and ``ioctl`` TIOCSTI/TIOCLINUX
   (typing into a terminal);
+* with EPERM, unless aimed at the calling process itself (pid 0): what changes or reads another
+  process's scheduling and limits by its pid (``SELF_ONLY``: nice value, I/O priority, CPU
+  affinity, scheduling policy, resource limits), which only the same-user check guards and blocks
+  of other conversations (workers of one zygote share a PID namespace), or the server under the
+  process backend, would pass;
 * ``clone`` with a namespace flag (EPERM), and ``clone3`` altogether with ENOSYS: a filter
   cannot see clone3's flags (they are in memory), and on ENOSYS glibc falls back to ``clone``;
 * without ``network``: ``socket`` of any family but AF_UNIX (EAFNOSUPPORT); without
@@ -117,6 +122,35 @@ DENIED: Final = (
     "quotactl",
     "quotactl_fd",
     "syslog",
+)
+# System calls that change (or read) another process's scheduling and limits by its pid, which
+# neither Landlock (it guards signals and ptrace, not these) nor the kernel's same-user check
+# keeps a block from: blocks of other conversations run as the same user beside it (workers of
+# one zygote share its PID namespace), and under the process backend so may the server. A block
+# may aim them at itself only: (name, the argument that is the pid) and, for those that also
+# take a kind of target, the one kind allowed (PRIO_PROCESS, IOPRIO_WHO_PROCESS) as (name,
+# argument, value).
+SELF_ONLY: Final = (
+    ("setpriority", 1),
+    ("getpriority", 1),
+    ("ioprio_set", 1),
+    ("ioprio_get", 1),
+    ("sched_setaffinity", 0),
+    ("sched_getaffinity", 0),
+    ("sched_setscheduler", 0),
+    ("sched_getscheduler", 0),
+    ("sched_setparam", 0),
+    ("sched_getparam", 0),
+    ("sched_setattr", 0),
+    ("sched_getattr", 0),
+    ("sched_rr_get_interval", 0),
+    ("prlimit64", 0),
+)
+_TARGET_KINDS: Final = (
+    ("setpriority", 0, 0),
+    ("getpriority", 0, 0),
+    ("ioprio_set", 0, 1),
+    ("ioprio_get", 0, 1),
 )
 # Numbers of recent system calls an older libseccomp may not know by name: since Linux 5.1 new
 # system calls have one number on every architecture (asm-generic's unified table).
@@ -254,6 +288,11 @@ def build(*, network: bool, unix_sockets: bool) -> Filter:
     _add(sc, rules, sc.ERRNO(errno.ENOSYS), "clone3")
     for flag in _CLONE_NAMESPACES:
         _add(sc, rules, eperm, "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
+    # Exactly 0 (this process), upper bits included: a pid is an int the kernel truncates.
+    for name, arg in SELF_ONLY:
+        _add(sc, rules, eperm, name, sc.Arg(arg, sc.NE, 0))
+    for name, arg, kind in _TARGET_KINDS:
+        _add(sc, rules, eperm, name, sc.Arg(arg, sc.NE, kind))
     # personality(2) takes an unsigned int: exactly 0xffffffff (the query) and nothing else.
     _add(sc, rules, eperm, "personality", sc.Arg(0, sc.NE, _PERSONALITY_QUERY))
     for request in (_TIOCSTI, _TIOCLINUX):

@@ -8,6 +8,7 @@ it must only ever affect its own block.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import json
 import os
@@ -413,3 +414,79 @@ time.sleep(5)
     assert recorder.calls == []
     calls: list[HelperCall] = recorder.calls
     assert not calls
+
+
+_STEER = """\
+import ctypes, errno, json, os, resource
+me = os.getpid()
+libc = ctypes.CDLL(None, use_errno=True)
+def attempt(action):
+    try:
+        action()
+        return "ok"
+    except OSError as exc:
+        return errno.errorcode.get(exc.errno, str(exc.errno))
+def ioprio(pid):  # ioprio_set(IOPRIO_WHO_PROCESS, pid, class idle)
+    if libc.syscall({ioprio_set}, 1, pid, 3 << 13) != 0:
+        raise OSError(ctypes.get_errno(), "ioprio_set")
+steered = {{}}
+for pid in sorted(set(range(2, 400)) | {{{server}}}):
+    if pid == me:
+        continue
+    tried = {{
+        "renice": attempt(lambda: os.setpriority(os.PRIO_PROCESS, pid, 19)),
+        "renice group": attempt(lambda: os.setpriority(os.PRIO_PGRP, pid, 19)),
+        "pin": attempt(lambda: os.sched_setaffinity(pid, {{0}})),
+        "idle policy": attempt(lambda: os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))),
+        "cpu limit": attempt(lambda: resource.prlimit(pid, resource.RLIMIT_CPU, (1, 1))),
+        "read limits": attempt(lambda: resource.prlimit(pid, resource.RLIMIT_NOFILE)),
+        "read nice": attempt(lambda: os.getpriority(os.PRIO_PROCESS, pid)),
+        "io priority": attempt(lambda: ioprio(pid)),
+    }}
+    if "ok" in tried.values():
+        steered[pid] = tried
+steered["user"] = attempt(lambda: os.setpriority(os.PRIO_USER, os.getuid(), 19))
+# Its own process stays its own to steer.
+files = resource.getrlimit(resource.RLIMIT_NOFILE)
+own = [
+    attempt(lambda: os.setpriority(os.PRIO_PROCESS, 0, 1)),
+    attempt(lambda: os.sched_setaffinity(0, os.sched_getaffinity(0))),
+    attempt(lambda: resource.setrlimit(resource.RLIMIT_NOFILE, files)),
+]
+result(json.dumps({{"steered": steered, "own": own}}))
+"""
+
+_VICTIM = """\
+import os, resource, time
+started = time.monotonic()
+while time.monotonic() - started < {seconds}:
+    pass
+state = [os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0), sorted(os.sched_getaffinity(0))]
+result(state + [resource.getrlimit(resource.RLIMIT_CPU)])
+"""
+
+
+async def test_a_block_cannot_steer_other_processes_by_pid(pool: RuntimePool, tmp_path: Path) -> None:
+    """Blocks of other conversations run beside an attacker as the same user (under bwrap in the
+    PID namespace of the zygote they share; under the process backend beside the server): by
+    guessing pids it can neither renice, pin, deschedule nor limit them (nor its worker, the
+    zygote or the server), nor read their nice value or limits; its own process it still may."""
+    victim_dir, attacker_dir = (
+        _conversation(pool._workspaces or tmp_path),
+        _conversation(pool._workspaces or tmp_path),
+    )
+    before = (os.getpriority(os.PRIO_PROCESS, 0), sorted(os.sched_getaffinity(0)))
+    victim = asyncio.ensure_future(run(pool, _VICTIM.format(seconds=3), workdir=victim_dir))
+    await asyncio.sleep(0.5)  # the victim runs while the attacker aims at every pid
+    code = _STEER.format(ioprio_set=251 if os.uname().machine == "x86_64" else 30, server=os.getpid())
+    attacker = await run(pool, code, workdir=attacker_dir)
+    assert attacker.status == "ok", attacker.error
+    report = json.loads(attacker.results[0])
+    assert report["steered"] == {"user": "EPERM"}, report["steered"]
+    assert report["own"] == ["ok", "ok", "ok"]
+    untouched = await victim
+    assert untouched.status == "ok", untouched.error
+    nice, policy, cpus, cpu_limit = json.loads(untouched.results[0])
+    assert (nice, policy, cpus) == (0, os.SCHED_OTHER, before[1])
+    assert cpu_limit[0] != 1
+    assert (os.getpriority(os.PRIO_PROCESS, 0), sorted(os.sched_getaffinity(0))) == before
