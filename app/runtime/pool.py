@@ -465,19 +465,21 @@ class RuntimePool:
 
     async def _clone(self) -> WorkerProcess:
         """A new worker of a zygote that may fork one, in the order asked. A zygote found dead
-        on the way (its death not yet noticed) is put down and another one started."""
+        on the way (its death not yet noticed), or that dies as it starts, is put down and
+        another one started, once."""
         retried = False
         async with self._zygote_lock:
             while True:
                 zygote = next((z for z in self._zygotes if not z.full), None)
-                if zygote is None:
-                    zygote = await self._start_zygote()
-                    self._zygotes.append(zygote)
-                    self._background(self._watch_zygote(zygote))
                 try:
+                    if zygote is None:
+                        zygote = await self._start_zygote()  # put down already if it failed
+                        self._zygotes.append(zygote)
+                        self._background(self._watch_zygote(zygote))
                     return await zygote.clone()
                 except WorkerGone:
-                    zygote.kill()
+                    if zygote is not None:
+                        zygote.kill()
                     if retried:
                         raise
                     retried = True

@@ -129,6 +129,7 @@ helper = subprocess.Popen(['sleep', '5'])
 time.sleep(0.5)  # both blocks are running now
 result([os.getpid(), helper.pid, sorted(int(p) for p in os.listdir('/proc') if p.isdigit())])
 helper.kill()
+result([bool(os.statvfs(path).f_flag & os.ST_RDONLY) for path in ('/proc/irq', '/proc/bus')])
 """
     async with RuntimePool(size=2, preload=(), sandbox="bwrap", workspaces=workspaces) as pool:
         first, second = await asyncio.gather(*(run(pool, code, workdir=d) for d in conversations))
@@ -144,6 +145,9 @@ helper.kill()
             assert visible == sorted([me, helper]), seen
         else:  # bubblewrap's init, the zygote and the worker besides
             assert len(visible) <= 5, seen
+    # The zygote's own /proc keeps the read-only covers bubblewrap put over these.
+    for outcome in (first, second):
+        assert json.loads(outcome.results[1]) == [True, True]
 
 
 async def test_a_block_holds_no_privileges(solo: RuntimePool, conversations: tuple[Path, Path]) -> None:

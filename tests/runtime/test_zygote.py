@@ -7,12 +7,16 @@ from __future__ import annotations
 import asyncio
 import socket
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
+from app.runtime import RuntimePool
 from app.runtime.protocol import encode_frame
 from app.runtime.worker_process import WorkerGone
 from app.runtime.zygote import Zygote
+from tests.runtime.support import run
 
 pytestmark = pytest.mark.asyncio(loop_scope="package")
 
@@ -62,3 +66,26 @@ async def test_a_zygote_that_does_not_start_as_expected_fails_its_start(data: by
     finally:
         zygote.kill()
         await zygote.proc.wait()
+
+
+async def test_a_zygote_that_dies_as_it_starts_is_replaced_once(
+    workspaces: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first zygote dies before its start report (as one killed by the OOM killer at that
+    moment would): the pool puts it down and starts another, once; blocks then run."""
+    real = Zygote.started
+    deaths = 0
+
+    async def dies_first(self: Zygote) -> bool:
+        nonlocal deaths
+        if deaths == 0:
+            deaths += 1
+            self.kill()
+            await self.proc.wait()
+        return await real(self)
+
+    monkeypatch.setattr(Zygote, "started", dies_first)
+    async with RuntimePool(size=1, preload=(), sandbox="process", workspaces=workspaces) as pool:
+        outcome = await run(pool, "result(6 * 7)", workdir=Path(tempfile.mkdtemp(dir=workspaces)))
+    assert outcome.results == ["42"]
+    assert deaths == 1

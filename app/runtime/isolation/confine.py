@@ -134,11 +134,19 @@ def _hide_other_processes() -> bool:
     Needs CAP_SYS_ADMIN over the PID namespace, which bubblewrap grants the zygote for this and
     ``configure_worker`` drops. An unprivileged server's bubblewrap runs the zygote in a second
     user namespace, without it (EPERM): False then.
+
+    The new /proc covers bubblewrap's, and with it the read-only binds bubblewrap put over
+    /proc/irq and /proc/bus: they are made again here.
     """
+    flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
     try:
-        mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=ptraceable")
+        mount("proc", "/proc", "proc", flags, "hidepid=ptraceable")
     except OSError:
         return False
+    for covered in ("/proc/irq", "/proc/bus"):
+        if os.path.isdir(covered):
+            mount(covered, covered, None, MS_BIND | MS_REC)
+            mount(None, covered, None, MS_REMOUNT | MS_BIND | MS_RDONLY | flags)
     return True
 
 
