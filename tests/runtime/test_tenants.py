@@ -476,7 +476,7 @@ async def test_a_block_cannot_steer_other_processes_by_pid(pool: RuntimePool, tm
         _conversation(pool._workspaces or tmp_path),
     )
     before = (os.getpriority(os.PRIO_PROCESS, 0), sorted(os.sched_getaffinity(0)))
-    victim = asyncio.ensure_future(run(pool, _VICTIM.format(seconds=3), workdir=victim_dir))
+    victim = asyncio.ensure_future(run(pool, _VICTIM.format(seconds=1.5), workdir=victim_dir))
     await asyncio.sleep(0.5)  # the victim runs while the attacker aims at every pid
     code = _STEER.format(ioprio_set=251 if os.uname().machine == "x86_64" else 30, server=os.getpid())
     attacker = await run(pool, code, workdir=attacker_dir)
