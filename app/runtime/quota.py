@@ -22,43 +22,84 @@ from typing import Literal
 QuotaKind = Literal["disk", "disk_files"]
 
 
+# A directory by handle only: no read right needed, no symbolic link followed.
+_HANDLE = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
 def usage(paths: Sequence[str], *, stop_bytes: int = 0, stop_files: int = 0) -> tuple[int, int]:
     """(bytes allocated, entries) below ``paths``, symbolic links not followed; the walk stops
     early once either passes its ``stop_*`` (0: never). A directory the block made unreadable
-    is opened up again (it is the block's own, and the worker's user owns it)."""
+    is opened up again (it is the block's own, and the worker's user owns it).
+
+    The block runs while this walks, and may swap a directory it holds for a symbolic link at
+    any moment: every step goes from a directory's descriptor to its child's by name without
+    following links (``openat``, ``fstatat``), never through a path that is resolved again, so
+    the walk (and a change of mode) never leaves the block's own tree."""
     total = files = 0
-    stack = list(paths)
-    while stack:
-        directory = stack.pop()
-        _open_up(directory)
-        try:
-            entries = list(os.scandir(directory))
-        except OSError:
-            continue
-        for entry in entries:
+    stack: list[int] = []
+    try:
+        for path in paths:
+            with contextlib.suppress(OSError):
+                stack.append(os.open(path, _HANDLE))
+        while stack:
+            handle = stack.pop()
             try:
-                info = entry.stat(follow_symlinks=False)
-            except FileNotFoundError:
-                continue  # deleted meanwhile
-            except OSError:
-                files += 1  # cannot be measured: counted, never hidden
-                continue
-            files += 1
-            total += info.st_blocks * 512
-            if stat.S_ISDIR(info.st_mode):
-                stack.append(entry.path)
-        if (stop_bytes and total > stop_bytes) or (stop_files and files > stop_files):
-            break
+                entries = _entries(handle)
+            finally:
+                os.close(handle)
+            for info, child in entries:
+                files += 1
+                if info is not None:
+                    total += info.st_blocks * 512
+                if child is not None:
+                    stack.append(child)
+            if (stop_bytes and total > stop_bytes) or (stop_files and files > stop_files):
+                break
+    finally:
+        for handle in stack:
+            os.close(handle)
     return total, files
 
 
-def _open_up(directory: str) -> None:
+def _entries(handle: int) -> list[tuple[os.stat_result | None, int | None]]:
+    """The entries of the directory behind ``handle`` (an ``O_PATH`` descriptor): each one's
+    status (None when it cannot be measured: counted, never hidden) and, for a directory, a
+    handle on it (the caller closes it). Nothing when the directory cannot be read."""
+    _open_up(handle)
+    try:
+        directory = os.open(f"/proc/self/fd/{handle}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return []
+    found: list[tuple[os.stat_result | None, int | None]] = []
+    try:
+        with os.scandir(directory) as listing:
+            for entry in listing:
+                try:
+                    info: os.stat_result | None = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue  # deleted meanwhile
+                except OSError:
+                    info = None
+                child = None
+                if info is not None and stat.S_ISDIR(info.st_mode):
+                    with contextlib.suppress(OSError):  # ELOOP: a link now, not descended
+                        child = os.open(entry.name, _HANDLE, dir_fd=directory)
+                found.append((info, child))
+    except OSError:
+        pass
+    finally:
+        os.close(directory)
+    return found
+
+
+def _open_up(handle: int) -> None:
     """Give the owner (the worker's user: the block's files are its own) read and search
-    rights on a directory the block closed, so nothing in it escapes the measurement."""
+    rights on a directory the block closed, so nothing in it escapes the measurement: through
+    its handle, so the change lands on that very directory whatever its name points to now."""
     with contextlib.suppress(OSError):
-        mode = os.lstat(directory).st_mode
+        mode = os.fstat(handle).st_mode
         if stat.S_ISDIR(mode) and mode & 0o700 != 0o700:
-            os.chmod(directory, stat.S_IMODE(mode) | 0o700, follow_symlinks=False)
+            os.chmod(f"/proc/self/fd/{handle}", stat.S_IMODE(mode) | 0o700)
 
 
 class Quota:

@@ -686,3 +686,50 @@ async def test_an_honest_block_that_ends_is_never_a_violation(pool: RuntimePool,
         await assert_pool_works(pool, workdir)
         await asyncio.sleep(0.3)  # the worker reports the child's exit after the block's outcome
     assert [e for e in logs if e["event"] == "sandbox_protocol_violation"] == []
+
+
+_SWAPPER = """\
+import ctypes, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+RENAME_EXCHANGE, AT_FDCWD = 2, -100
+renameat2 = 316 if os.uname().machine == "x86_64" else 276
+os.makedirs("sub/etc")
+os.chmod("sub/etc", 0o077)  # closed: the quota's walk opens it up again
+real = os.open("sub", os.O_RDONLY | os.O_DIRECTORY)
+os.symlink({target!r}, "lnk")
+children = []
+for _ in range(2):  # helpers: only the block's own process is CPU-limited
+    pid = os.fork()
+    if pid == 0:
+        started = time.monotonic()
+        while time.monotonic() - started < 1.5:
+            libc.syscall(renameat2, AT_FDCWD, b"sub", AT_FDCWD, b"lnk", RENAME_EXCHANGE)
+            if os.stat("etc", dir_fd=real).st_mode & 0o700:
+                os.chmod("etc", 0o077, dir_fd=real)
+        os._exit(0)
+    children.append(pid)
+for pid in children:
+    os.waitpid(pid, 0)
+result("swapped")
+"""
+
+
+async def test_the_quota_walk_never_follows_a_link_the_block_swaps_in(
+    pool: RuntimePool, workspaces: Path
+) -> None:
+    """While the worker measures its directory, a block keeps exchanging a directory it closed
+    with a symbolic link to another conversation's (renameat2 RENAME_EXCHANGE): the walk, which
+    opens up closed directories, must neither change the other's mode nor count its files (it
+    went by path: the other directory became 0777, and with a root worker any host directory)."""
+    victim = _conversation(workspaces)
+    target = victim / "etc"
+    target.mkdir(mode=0o755)
+    owner = pool.owner_of(victim)
+    if owner is not None:  # as the service leaves it: the sandbox user's, like the worker
+        for path in (victim, target):
+            os.chown(path, owner.uid, owner.gid)
+    attacker = _conversation(workspaces)
+    code = _SWAPPER.format(target=str(victim))
+    outcome = await run(pool, code, workdir=attacker, limits=Limits(disk_mb=64))
+    assert (outcome.status, outcome.results) == ("ok", ["swapped"]), (outcome.error, outcome.limit)
+    assert oct(target.stat().st_mode & 0o777) == oct(0o755)
