@@ -444,3 +444,52 @@ async def test_closing_the_pool_mid_block_leaves_no_process(
 def _is_sleep(pid: int) -> bool:
     with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
         return cmdline.read().split(b"\0")[0].endswith(b"sleep")
+
+
+async def test_a_block_cannot_reach_another_conversations_terminal(
+    workspaces: Path, conversations: tuple[Path, Path]
+) -> None:
+    """bwrap: blocks side by side share a PID namespace and a user: on one devpts instance the
+    attacker could open the victim's pseudo-terminal (/dev/pts/N), read what was typed into it
+    and type into it. Each block now has pseudo-terminals of its own, and they still work."""
+    if (why := await bwrap_unavailable(workspaces)) is not None:
+        pytest.skip(f"bubblewrap cannot run here: {why}")
+    victim_code = """\
+import os, time
+controller, terminal = os.openpty()
+os.write(controller, b"victim secret\\n")
+time.sleep(1.5)
+os.set_blocking(terminal, False)
+try:
+    typed = os.read(terminal, 200)
+except BlockingIOError:
+    typed = b""
+result([os.ttyname(terminal), typed.decode(errors="replace")])
+"""
+    attacker_code = """\
+import os
+reached = {}
+for name in os.listdir("/dev/pts"):
+    if name == "ptmx":
+        continue
+    try:
+        fd = os.open("/dev/pts/" + name, os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK)
+        os.write(fd, b"INJECTED\\n")
+        reached[name] = "opened"
+    except OSError as exc:
+        reached[name] = type(exc).__name__
+mine = os.openpty()  # its own still work
+result([reached, os.ttyname(mine[1])])
+"""
+    victim_dir, attacker_dir = conversations
+    async with RuntimePool(size=2, preload=(), sandbox="bwrap", workspaces=workspaces) as pool:
+        victim = asyncio.ensure_future(run(pool, victim_code, workdir=victim_dir))
+        await asyncio.sleep(0.5)
+        attacker = await run(pool, attacker_code, workdir=attacker_dir)
+        watched = await victim
+    assert attacker.status == "ok", attacker.error
+    reached, own = json.loads(attacker.results[0])
+    assert reached == {}, reached
+    assert own.startswith("/dev/pts/")
+    assert watched.status == "ok", watched.error
+    assert "INJECTED" not in json.loads(watched.results[0])[1]

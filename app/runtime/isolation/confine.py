@@ -263,6 +263,9 @@ def after_fork() -> None:
     ]
     mount("tmpfs", "/tmp", "tmpfs", *private_tmp)
     mount("tmpfs", "/dev/shm", "tmpfs", *private_tmp)
+    # Pseudo-terminals of its own (/dev/ptmx is a link to pts/ptmx): on the worker's instance a
+    # block could open another conversation's terminal (/dev/pts/N), read it and type into it.
+    mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
     for path, fd in hidden:
         os.makedirs(path, mode=0o755, exist_ok=True)
         mount(f"/proc/self/fd/{fd}", str(path), None, MS_BIND | MS_REC)
