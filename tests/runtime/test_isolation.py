@@ -493,3 +493,42 @@ result([reached, os.ttyname(mine[1])])
     assert own.startswith("/dev/pts/")
     assert watched.status == "ok", watched.error
     assert "INJECTED" not in json.loads(watched.results[0])[1]
+
+
+async def test_abstract_socket_names_are_each_blocks_own(
+    workspaces: Path, conversations: tuple[Path, Path]
+) -> None:
+    """bwrap: abstract unix socket names belong to a network namespace. On a shared one a block
+    could take a name another conversation's block was about to bind (its bind then failed) and
+    list every block's socket names in /proc/net/unix; each block now has a namespace of its own."""
+    if (why := await bwrap_unavailable(workspaces)) is not None:
+        pytest.skip(f"bubblewrap cannot run here: {why}")
+    squatter_code = """\
+import socket, time
+taken = socket.socket(socket.AF_UNIX)
+taken.bind("\\0sabre-victim-name")
+time.sleep(1.5)
+result(open("/proc/net/unix").read())
+"""
+    victim_code = """\
+import socket
+mine = socket.socket(socket.AF_UNIX)
+try:
+    mine.bind("\\0sabre-victim-name")
+    outcome = "bound"
+except OSError as exc:
+    outcome = type(exc).__name__
+listener = socket.socket(socket.AF_UNIX)
+listener.bind("\\0sabre-victim-secret-name")
+listener.listen()
+result(outcome)
+"""
+    squatter_dir, victim_dir = conversations
+    async with RuntimePool(size=2, preload=(), sandbox="bwrap", workspaces=workspaces) as pool:
+        squatter = asyncio.ensure_future(run(pool, squatter_code, workdir=squatter_dir))
+        await asyncio.sleep(0.5)
+        victim = await run(pool, victim_code, workdir=victim_dir)
+        listed = await squatter
+    assert (victim.status, victim.results) == ("ok", ["bound"]), victim.error
+    assert listed.status == "ok", listed.error
+    assert "sabre-victim-secret-name" not in listed.results[0]

@@ -25,6 +25,7 @@ from app.runtime.isolation.host import ETC, TOP_LEVEL, readonly_paths
 from app.runtime.isolation.identity import Identity, conversation_identity, reachable
 from app.runtime.isolation.linux import (
     CLONE_NEWIPC,
+    CLONE_NEWNET,
     CLONE_NEWNS,
     CLONE_NEWUSER,
     MS_BIND,
@@ -240,7 +241,10 @@ def after_fork() -> None:
         return
     uid, gid = os.getuid(), os.getgid()
     prctl(PR_SET_DUMPABLE, 1)  # to write its own uid_map
-    check(libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWIPC), "unshare")
+    # A network namespace of its own too (blocks have no network): abstract unix socket names
+    # and /proc/net are per network namespace, so another block can neither take a name before
+    # this one nor list its sockets.
+    check(libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWNET), "unshare")
     write_file("/proc/self/setgroups", "deny")
     write_file("/proc/self/uid_map", f"{uid} {uid} 1\n")
     write_file("/proc/self/gid_map", f"{gid} {gid} 1\n")

@@ -16,6 +16,7 @@ from typing import Final
 # Linux constants (uapi; the same on every architecture this runs on).
 CLONE_NEWNS: Final = 0x00020000
 CLONE_NEWIPC: Final = 0x08000000
+CLONE_NEWNET: Final = 0x40000000
 CLONE_NEWUSER: Final = 0x10000000
 MS_RDONLY: Final = 1
 MS_NOSUID: Final = 2
