@@ -21,6 +21,7 @@ What it denies (everything else is allowed):
   affinity, scheduling policy, resource limits), which only the same-user check guards and blocks
   of other conversations (workers of one zygote share a PID namespace), or the server under the
   process backend, would pass;
+* inotify (ENOSYS, as if absent): it watches paths past Landlock, onto files every block shares;
 * ``clone`` with a namespace flag (EPERM), and ``clone3`` altogether with ENOSYS: a filter
   cannot see clone3's flags (they are in memory), and on ENOSYS glibc falls back to ``clone``;
 * without ``network``: ``socket`` of any family but AF_UNIX (EAFNOSUPPORT); without
@@ -152,6 +153,7 @@ _TARGET_KINDS: Final = (
     ("ioprio_set", 0, 1),
     ("ioprio_get", 0, 1),
 )
+INOTIFY: Final = ("inotify_init", "inotify_init1", "inotify_add_watch")
 # Numbers of recent system calls an older libseccomp may not know by name: since Linux 5.1 new
 # system calls have one number on every architecture (asm-generic's unified table).
 _UNIFIED: Final[dict[str, int]] = {
@@ -286,6 +288,12 @@ def build(*, network: bool, unix_sockets: bool) -> Filter:
     for name in DENIED:
         _add(sc, rules, eperm, name)
     _add(sc, rules, sc.ERRNO(errno.ENOSYS), "clone3")
+    # inotify watches files by path, past Landlock (which does not check it) and onto files
+    # every block shares (the Python installation): what another conversation imports and
+    # opens, and under the process backend the names of the server's own files in /tmp. As
+    # absent (ENOSYS): programs that can poll instead (tail -f) fall back to it.
+    for name in INOTIFY:
+        _add(sc, rules, sc.ERRNO(errno.ENOSYS), name)
     for flag in _CLONE_NAMESPACES:
         _add(sc, rules, eperm, "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
     # Exactly 0 (this process), upper bits included: a pid is an int the kernel truncates.

@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -426,3 +427,24 @@ def test_install_is_cheap(closed: seccomp.Filter, capsys: pytest.CaptureFixture[
     with capsys.disabled():
         print(f"\nseccomp install per child: median {cold:.0f} us cold, {warm:.0f} us after warm()")
     assert warm < 2000
+
+
+def test_inotify_is_absent(closed: seccomp.Filter, tmp_path: Path) -> None:
+    """inotify watches paths past Landlock, onto files every block shares (what another
+    conversation imports; the server's /tmp under the process backend): ENOSYS, as if absent."""
+    watched = str(tmp_path).encode()
+
+    def attempt(install: bool) -> dict[str, list[int]]:
+        if install:
+            closed.install()
+        fd, err = _sys("inotify_init1", 0)
+        return {
+            "inotify_init1": [min(fd, 0), err if fd < 0 else 0],
+            "inotify_add_watch": list(_sys("inotify_add_watch", fd, ctypes.c_char_p(watched), 0x100)),
+        }
+
+    unfiltered, _ = in_child(lambda: attempt(False))
+    filtered, _ = in_child(lambda: attempt(True))
+    assert unfiltered["inotify_init1"] == [0, 0]
+    assert unfiltered["inotify_add_watch"][0] >= 1
+    assert filtered == {"inotify_init1": [-1, errno.ENOSYS], "inotify_add_watch": [-1, errno.ENOSYS]}
