@@ -26,10 +26,10 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from app.runtime import Limits, RuntimePool
+from app.runtime import RuntimePool
 from app.runtime.isolation import SandboxMode, find_bwrap
 from app.runtime.pool import bwrap_problem
-from bench.runtime_bench import suspend
+from bench.runtime_bench import Bench
 
 ROOT = Path(__file__).resolve().parents[1]
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -133,20 +133,12 @@ async def cpu_per_block(
     ) as pool:
         workdir = workspaces / "conversation"
         workdir.mkdir()
+        bench = Bench(pool, workdir, 2)
         state: bytes | None = None
 
         async def block() -> None:
             nonlocal state
-            outcome = await pool.run_block(
-                code="x = 1",
-                snapshot=state if live else None,
-                workdir=workdir,
-                limits=Limits(),
-                internal_helpers=(),
-                external_tools={},
-                journal=(),
-                on_call=suspend,
-            )
+            outcome = await bench.run("x = 1", snapshot=state if live else None)
             assert outcome.status == "ok", outcome.error
             if live and outcome.snapshot is not None:
                 state = outcome.snapshot
