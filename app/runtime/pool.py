@@ -187,18 +187,21 @@ class RuntimePool:
                 self._trimming = self._background(self._trim())
         self._wake()
 
+    def _free(self) -> int:
+        """Workers free of conversations (running a block, idle, rearming, starting)."""
+        return sum(1 for w in self._workers if w.state is not WorkerState.BOUND)
+
     def _surplus(self) -> int:
-        """How many more workers than ``size`` are free of conversations (running, idle, rearming)."""
-        free = sum(1 for w in self._workers if w.state is not WorkerState.BOUND)
-        return free - self._size
+        """How many more workers than ``size`` are free of conversations."""
+        return self._free() - self._size
 
     def _grow(self) -> None:
         """Keep ``size`` workers free of conversations: fork one more when a process was just
         bound, up to ``size + live_processes`` workers in all."""
         if not self._live_processes or self._closed or not self._cheap_workers:
             return
-        free = sum(1 for w in self._workers if w.state is not WorkerState.BOUND) + self._growing
-        if free < self._size and len(self._workers) + self._growing < self._size + self._live_processes:
+        room = len(self._workers) + self._growing < self._size + self._live_processes
+        if room and self._free() + self._growing < self._size:
             self._growing += 1
             self._background(self._add_worker())
 

@@ -24,7 +24,7 @@ import pytest_asyncio
 import structlog
 
 from app.config import Settings
-from app.runtime import RuntimePool, isolation, landlock
+from app.runtime import BlockOutcome, RuntimePool, isolation, landlock
 from app.runtime.isolation import Backend
 from app.runtime.isolation.host import ETC
 from tests.runtime.support import (
@@ -48,6 +48,25 @@ async def solo(request: pytest.FixtureRequest, workspaces: Path) -> AsyncIterato
         pytest.skip(f"bubblewrap cannot run here: {why}")
     async with RuntimePool(size=1, preload=(), sandbox=request.param, workspaces=workspaces) as pool:
         yield pool
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="package")
+async def side_by_side(workspaces: Path) -> AsyncIterator[RuntimePool]:
+    """bwrap, two workers: two conversations' blocks run at once, as siblings of one zygote."""
+    if (why := await bwrap_unavailable(workspaces)) is not None:
+        pytest.skip(f"bubblewrap cannot run here: {why}")
+    async with RuntimePool(size=2, preload=(), sandbox="bwrap", workspaces=workspaces) as pool:
+        yield pool
+
+
+async def _beside(
+    pool: RuntimePool, first: tuple[str, Path], second: tuple[str, Path]
+) -> tuple[BlockOutcome, BlockOutcome]:
+    """Run ``first`` (code, workdir), and ``second`` once ``first`` has been running a while."""
+    running = asyncio.ensure_future(run(pool, first[0], workdir=first[1]))
+    await asyncio.sleep(0.5)
+    later = await run(pool, second[0], workdir=second[1])
+    return await running, later
 
 
 def _bwrap_only(pool: RuntimePool, what: str) -> None:
@@ -114,15 +133,13 @@ open('mine.txt', 'w').write('written')
 
 
 async def test_a_block_sees_no_process_but_its_own(
-    workspaces: Path, conversations: tuple[Path, Path]
+    side_by_side: RuntimePool, conversations: tuple[Path, Path]
 ) -> None:
     """bwrap: workers of one zygote share its PID namespace, so two conversations' blocks run side
     by side in it; each lists in /proc only itself and what it started, never the other block, its
     worker or the zygote (hidepid=ptraceable with a Landlock domain per block). Without Landlock's
     scopes each worker has a zygote and a namespace of its own: bubblewrap's init, the zygote and
     the worker are then all a block sees besides its own."""
-    if (why := await bwrap_unavailable(workspaces)) is not None:
-        pytest.skip(f"bubblewrap cannot run here: {why}")
     code = """\
 import os, subprocess, time
 helper = subprocess.Popen(['sleep', '5'])
@@ -131,9 +148,8 @@ result([os.getpid(), helper.pid, sorted(int(p) for p in os.listdir('/proc') if p
 helper.kill()
 result([bool(os.statvfs(path).f_flag & os.ST_RDONLY) for path in ('/proc/irq', '/proc/bus')])
 """
-    async with RuntimePool(size=2, preload=(), sandbox="bwrap", workspaces=workspaces) as pool:
-        first, second = await asyncio.gather(*(run(pool, code, workdir=d) for d in conversations))
-        shared = len(pool._zygotes) == 1
+    first, second = await asyncio.gather(*(run(side_by_side, code, workdir=d) for d in conversations))
+    shared = len(side_by_side._zygotes) == 1
     # Root (as in CI): bubblewrap lets the zygote mount its /proc; unprivileged, it cannot.
     assert shared == (landlock.scopes_signals() and os.getuid() == 0)
     seen = []
@@ -447,13 +463,11 @@ def _is_sleep(pid: int) -> bool:
 
 
 async def test_a_block_cannot_reach_another_conversations_terminal(
-    workspaces: Path, conversations: tuple[Path, Path]
+    side_by_side: RuntimePool, conversations: tuple[Path, Path]
 ) -> None:
     """bwrap: blocks side by side share a PID namespace and a user: on one devpts instance the
     attacker could open the victim's pseudo-terminal (/dev/pts/N), read what was typed into it
     and type into it. Each block now has pseudo-terminals of its own, and they still work."""
-    if (why := await bwrap_unavailable(workspaces)) is not None:
-        pytest.skip(f"bubblewrap cannot run here: {why}")
     victim_code = """\
 import os, time
 controller, terminal = os.openpty()
@@ -482,11 +496,7 @@ mine = os.openpty()  # its own still work
 result([reached, os.ttyname(mine[1])])
 """
     victim_dir, attacker_dir = conversations
-    async with RuntimePool(size=2, preload=(), sandbox="bwrap", workspaces=workspaces) as pool:
-        victim = asyncio.ensure_future(run(pool, victim_code, workdir=victim_dir))
-        await asyncio.sleep(0.5)
-        attacker = await run(pool, attacker_code, workdir=attacker_dir)
-        watched = await victim
+    watched, attacker = await _beside(side_by_side, (victim_code, victim_dir), (attacker_code, attacker_dir))
     assert attacker.status == "ok", attacker.error
     reached, own = json.loads(attacker.results[0])
     assert reached == {}, reached
@@ -496,13 +506,11 @@ result([reached, os.ttyname(mine[1])])
 
 
 async def test_abstract_socket_names_are_each_blocks_own(
-    workspaces: Path, conversations: tuple[Path, Path]
+    side_by_side: RuntimePool, conversations: tuple[Path, Path]
 ) -> None:
     """bwrap: abstract unix socket names belong to a network namespace. On a shared one a block
     could take a name another conversation's block was about to bind (its bind then failed) and
     list every block's socket names in /proc/net/unix; each block now has a namespace of its own."""
-    if (why := await bwrap_unavailable(workspaces)) is not None:
-        pytest.skip(f"bubblewrap cannot run here: {why}")
     squatter_code = """\
 import socket, time
 taken = socket.socket(socket.AF_UNIX)
@@ -524,11 +532,7 @@ listener.listen()
 result(outcome)
 """
     squatter_dir, victim_dir = conversations
-    async with RuntimePool(size=2, preload=(), sandbox="bwrap", workspaces=workspaces) as pool:
-        squatter = asyncio.ensure_future(run(pool, squatter_code, workdir=squatter_dir))
-        await asyncio.sleep(0.5)
-        victim = await run(pool, victim_code, workdir=victim_dir)
-        listed = await squatter
+    listed, victim = await _beside(side_by_side, (squatter_code, squatter_dir), (victim_code, victim_dir))
     assert (victim.status, victim.results) == ("ok", ["bound"]), victim.error
     assert listed.status == "ok", listed.error
     assert "sabre-victim-secret-name" not in listed.results[0]
