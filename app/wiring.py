@@ -135,6 +135,7 @@ async def open_resources(settings: Settings, *, role: Role = "api") -> AsyncIter
             live_memory_mb=settings.runtime_live_memory_mb,
             fallback=namespaces_required is None,
             bwrap=None if settings.bwrap_path is None else str(settings.bwrap_path),
+            cgroup_root=settings.sandbox_cgroup_root,
         )
         stack.push_async_callback(pool.aclose)
         try:
@@ -213,6 +214,7 @@ async def open_resources(settings: Settings, *, role: Role = "api") -> AsyncIter
             auth="open (loopback only)" if open_mode else "api keys",
             llm_api=settings.llm_api,
             sandbox=pool.sandbox,
+            block_limits="per block" if pool.cgroups is not None else "per process",
             **({"sandbox_reason": pool.fallback_reason} if pool.fallback_reason is not None else {}),
         )
         async with recovering(resources), _job_worker(resources, role=role):

@@ -36,8 +36,9 @@ class ExitFrame(Frame):
     cpu_seconds: float
     # What the child sent that the protocol does not allow (the worker killed it for that).
     violation: str | None = None
-    # A quota the worker measured the block past (and killed it for).
-    limit: Literal["disk", "disk_files", "cpu_time"] | None = None
+    # A quota the worker measured the block past (and killed it for); ``memory``: the OOM killer
+    # struck in the worker's cgroup (the block's whole tree past its memory limit).
+    limit: Literal["disk", "disk_files", "cpu_time", "memory"] | None = None
     # It died live, between blocks (not in the middle of one).
     live: bool = False
 

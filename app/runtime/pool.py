@@ -50,6 +50,8 @@ from app.runtime.exchange import (
 )
 from app.runtime.frames import BlockFailed, ExitFrame, LiveGone
 from app.runtime.isolation import Backend, Identity, SandboxMode
+from app.runtime.isolation.cgroups import DEFAULT_ROOT as DEFAULT_CGROUP_ROOT
+from app.runtime.isolation.cgroups import WORKER_TASKS
 from app.runtime.protocol import (
     LIVE_MAX_BLOCKS,
     RESERVED_NAMES,
@@ -57,6 +59,7 @@ from app.runtime.protocol import (
     SANDBOX_HELPERS,
     FrameError,
     encode_frame,
+    limit_label,
 )
 from app.runtime.schemas import BlockOutcome, BlockProcess, CallRunner, JournalEntry, Limits, SandboxTool
 from app.runtime.worker_process import WorkerGone, WorkerProcess, WorkerState, worker_env
@@ -123,6 +126,7 @@ class RuntimePool:
         surplus_idle_seconds: float = 30.0,
         fallback: bool = True,
         bwrap: str | None = None,
+        cgroup_root: Path | None = DEFAULT_CGROUP_ROOT,
     ) -> None:
         if size < 1:
             raise ValueError("a runtime pool needs at least one worker")
@@ -170,6 +174,11 @@ class RuntimePool:
         self._surplus_idle_seconds = surplus_idle_seconds
         self._trimming: asyncio.Task[None] | None = None
         self._cheap_workers = False  # known once a zygote started (``_start_zygote``)
+        # A cgroup per worker (``isolation.cgroups``) under this cgroup file system (None: none),
+        # or why there is none: then blocks are limited per process only.
+        self._cgroup_root = cgroup_root
+        self._cgroups: isolation.Cgroups | None = None
+        self.cgroups_problem: str | None = None
 
     @property
     def idle_workers(self) -> int:
@@ -262,6 +271,19 @@ class RuntimePool:
         return self._backend
 
     @property
+    def cgroups(self) -> isolation.Cgroups | None:
+        """The workers' cgroups, when the host allows them (else ``cgroups_problem`` says why)."""
+        return self._cgroups
+
+    @property
+    def block_limits(self) -> str:
+        """How a block's memory, tasks and CPU time are bounded: per block (its worker's cgroup)
+        or per process only; known once started."""
+        if self._cgroups is not None:
+            return f"per block ({self._cgroups.describe()})"
+        return f"per process only ({self.cgroups_problem})"
+
+    @property
     def sandbox_owner(self) -> Identity | None:
         """The host uid/gid blocks run as when the server runs as root (files the server writes
         into a working directory are readable by it, writable only once chowned to it)."""
@@ -280,6 +302,7 @@ class RuntimePool:
         except BaseException:
             self._close_userns()
             raise
+        await self._open_cgroups()
         results = await asyncio.gather(*(self._spawn() for _ in range(self._size)), return_exceptions=True)
         failures = [r for r in results if isinstance(r, BaseException)]
         if failures:
@@ -315,6 +338,30 @@ class RuntimePool:
         self._workers.clear()
         self._zygotes.clear()
         self._close_userns()
+        if self._cgroups is not None:
+            await self._cgroups.close()
+
+    async def _open_cgroups(self) -> None:
+        """Make this pool's cgroups (removing a dead server's first, which may take a moment),
+        or say once that blocks are limited per process only."""
+        if self._cgroup_root is None:
+            self.cgroups_problem = "no cgroup root was given"
+        else:
+            try:
+                self._cgroups = await asyncio.to_thread(isolation.open_cgroups, self._cgroup_root)
+            except isolation.CgroupsUnavailable as exc:
+                self.cgroups_problem = str(exc)
+        if self._cgroups is not None:
+            log.info("sandbox_block_limits", per="block", cgroups=self._cgroups.describe())
+            return
+        log.warning(
+            "sandbox_memory_per_process",
+            reason=self.cgroups_problem,
+            consequence=(
+                "blocks' memory, CPU time and processes are limited per process only: a block that "
+                "starts its max_processes can hold that many times memory_mb"
+            ),
+        )
 
     def _close_userns(self) -> None:
         if self._userns_fd is not None:
@@ -453,20 +500,51 @@ class RuntimePool:
         """Fork one worker from a zygote (starting a zygote when none may fork another) and wait
         for its first idle child."""
         worker: WorkerProcess | None = None
+        cgroup = None if self._cgroups is None else self._cgroups.create()
         try:
             async with asyncio.timeout(_START_TIMEOUT_SECONDS):
-                worker = await self._clone()
+                stats = [] if cgroup is None else cgroup.stat_fds()
+                try:
+                    worker = await self._clone(stats)
+                finally:
+                    for fd in stats:
+                        os.close(fd)
+                worker.cgroup = cgroup
                 self._workers.add(worker)
                 self._background(self._watch(worker))
                 await worker.await_ready()
+                if cgroup is not None:
+                    self._place(worker, cgroup)
         except BaseException:
             if worker is not None:
                 self._workers.discard(worker)  # the caller retries (or fails): no replacement
                 worker.kill()
+            elif cgroup is not None:
+                self._background(self._remove_cgroup(cgroup))
             raise
         return worker
 
-    async def _clone(self) -> WorkerProcess:
+    @staticmethod
+    def _place(worker: WorkerProcess, cgroup: isolation.WorkerCgroup) -> None:
+        """Move a worker that just got ready, and its idle child, into its cgroup: everything
+        they fork from now on is in it. The child waits for its block, the worker for the
+        server, so neither forks meanwhile. OSError when they cannot be found or moved."""
+        zygote = worker.host
+        pid = isolation.host_pid(zygote.proc.pid, worker.pid, nested=zygote.namespaced)
+        if pid is None or worker.dead:
+            raise OSError(f"sandbox worker {worker.pid} not found on the host to place in its cgroup")
+        cgroup.place(pid)
+        for child in isolation.children(pid):
+            cgroup.place(child)
+
+    async def _remove_cgroup(self, cgroup: isolation.WorkerCgroup) -> None:
+        if self._cgroups is not None:
+            try:
+                await self._cgroups.remove(cgroup)
+            except OSError as exc:
+                log.warning("sandbox_cgroup_left", cgroup=str(cgroup.memory), reason=str(exc))
+
+    async def _clone(self, stats: Sequence[int]) -> WorkerProcess:
         """A new worker of a zygote that may fork one, in the order asked. A zygote found dead
         on the way (its death not yet noticed), or that dies as it starts, is put down and
         another one started, once."""
@@ -479,7 +557,7 @@ class RuntimePool:
                         zygote = await self._start_zygote()  # put down already if it failed
                         self._zygotes.append(zygote)
                         self._background(self._watch_zygote(zygote))
-                    return await zygote.clone()
+                    return await zygote.clone(stats)
                 except WorkerGone:
                     if zygote is not None:
                         zygote.kill()
@@ -548,9 +626,12 @@ class RuntimePool:
         return landlock.scopes_signals()
 
     async def _watch(self, worker: WorkerProcess) -> None:
-        """When a worker exits on its own (crash, OOM killer), retire and replace it."""
+        """When a worker exits on its own (crash, OOM killer), retire and replace it; then its
+        cgroup goes."""
         await worker.exited.wait()
         self._retire(worker)
+        if worker.cgroup is not None:
+            await self._remove_cgroup(worker.cgroup)
 
     async def _watch_zygote(self, zygote: Zygote) -> None:
         """A zygote that exits takes its workers with it (each is then retired and replaced)."""
@@ -676,6 +757,7 @@ class RuntimePool:
             if bound.resumed_by(code=code, limits=limits, journal=journal):
                 worker, exchange, blocks = bound.worker, bound.exchange, bound.blocks
                 self._set_state(worker, WorkerState.RUNNING)
+                self._count_ooms(worker)
                 process = "resumed"
                 running = exchange.resume(journal[-1], on_call=on_call)
             else:
@@ -688,6 +770,7 @@ class RuntimePool:
             ):
                 worker, blocks = bound.worker, bound.blocks + 1
                 self._set_state(worker, WorkerState.RUNNING)
+                self._count_ooms(worker)
                 exchange = self._exchange(
                     worker, limits=limits, names=names, journal=journal, on_call=on_call, local=sandbox_tools
                 )
@@ -699,7 +782,7 @@ class RuntimePool:
             else:
                 self._let_go(bound)
         if exchange is None:
-            worker, blocks = await self._acquire(), 1
+            worker, blocks = await self._acquire_for(limits), 1
             started = time.perf_counter()
             exchange = self._exchange(
                 worker, limits=limits, names=names, journal=journal, on_call=on_call, local=sandbox_tools
@@ -717,7 +800,12 @@ class RuntimePool:
                 )
                 keep = self._keeps(blocks)
                 outcome = await exchange.run(block.encode(keep=keep, snapshot=state), keep=keep)
-        except BlockFailed as failed:
+        except BlockFailed as lost:
+            failed = lost
+            if failed.failure == "worker_lost" and self._out_of_memory(worker):
+                # The OOM killer took the worker itself (a block's processes go first, but a
+                # block may lower their score back): its cgroup says why.
+                failed = BlockFailed("limit", limit_label("memory", limits.model_dump()))
             self._retire(worker)
             return BlockOutcome(
                 status=failed.status,
@@ -894,6 +982,43 @@ class RuntimePool:
         """Who a block in ``workdir`` runs as when the server is root (None: the server's user):
         the process backend gives each conversation a user of its own."""
         return isolation.conversation_identity(str(workdir), base=self._identity, backend=self.sandbox)
+
+    async def _acquire_for(self, limits: Limits) -> WorkerProcess:
+        """An idle worker whose cgroup now bounds a block's whole process tree by ``limits``
+        (memory, swap, tasks) and counts OOM kills from here; a worker whose cgroup the kernel
+        will not set so (v1: more memory in use than the new limit) is retired."""
+        while True:
+            worker = await self._acquire()
+            cgroup = worker.cgroup
+            if cgroup is None:
+                return worker
+            try:
+                cgroup.set_limits(
+                    memory_bytes=limits.memory_mb << 20, tasks=limits.max_processes + WORKER_TASKS
+                )
+                cgroup.oom_before = cgroup.oom_kills()
+            except OSError as exc:
+                log.warning("sandbox_worker_recycled", worker=worker.pid, reason=f"its cgroup: {exc}")
+                self._retire(worker)
+                continue
+            return worker
+
+    @staticmethod
+    def _count_ooms(worker: WorkerProcess) -> None:
+        """Count the OOM kills of a bound process's next block from now (its limits are set)."""
+        if worker.cgroup is not None:
+            with contextlib.suppress(OSError):
+                worker.cgroup.oom_before = worker.cgroup.oom_kills()
+
+    @staticmethod
+    def _out_of_memory(worker: WorkerProcess) -> bool:
+        """Whether the OOM killer struck in the worker's cgroup during its current block."""
+        if worker.cgroup is None:
+            return False
+        try:
+            return worker.cgroup.oom_kills() > worker.cgroup.oom_before
+        except OSError:
+            return False
 
     async def _acquire(self) -> WorkerProcess:
         """An idle worker, waiting for one if all are busy; dead ones are skipped.

@@ -109,7 +109,7 @@ class Ended:
     signal: int | None
     cpu_seconds: float
     violation: str | None = None
-    limit: Literal["disk", "disk_files", "cpu_time"] | None = None
+    limit: Literal["disk", "disk_files", "cpu_time", "memory"] | None = None
     live: bool = False  # it died live, between blocks
 
     def frame(self, pid: int) -> dict[str, Any]:
@@ -129,8 +129,22 @@ class Ended:
 class ChildLink:
     """One forked child as the worker sees it: its channel, its output pipe, its pidfd."""
 
-    def __init__(self, *, pid: int, channel: int, output: int, server_in: io.FileIO, server_out: int) -> None:
+    def __init__(
+        self,
+        *,
+        pid: int,
+        channel: int,
+        output: int,
+        server_in: io.FileIO,
+        server_out: int,
+        meter: isolation.CgroupMeter | None = None,
+    ) -> None:
         self.pid = pid
+        # The worker's cgroup (None: blocks are limited per process only): OOM kills and CPU
+        # time of the block's whole tree, counted from the block's start.
+        self._meter = meter
+        self._tree_oom_base = 0
+        self._tree_cpu_base: float | None = None
         self._channel = channel
         # Reads and writes on the channel give up after STALL_SECONDS (the poll loop only
         # enters one when the child has begun a frame, or asked for the reply).
@@ -155,7 +169,7 @@ class ChildLink:
         self._channel_open = True
         self._dead = False
         self._violation: str | None = None
-        self._limit: Literal["disk", "disk_files", "cpu_time"] | None = None
+        self._limit: Literal["disk", "disk_files", "cpu_time", "memory"] | None = None
         self._calls = 0
         self._records = 0
         self._record_bytes = 0
@@ -234,6 +248,9 @@ class ChildLink:
         # SIGXCPU comes at the block's limit, RLIMIT_CPU's hard limit a second later; the worker
         # kills a block of a process that may stay live (whose hard limit spans its blocks) there.
         self._cpu_budget = float(limits["cpu_seconds"]) + 1
+        if self._meter is not None:
+            self._tree_oom_base = self._meter.oom_kills()
+            self._tree_cpu_base = self._meter.cpu_seconds()
         # The same caps the server applies: stdout, results and the error are each capped in
         # the child (JSON may escape a byte into six); a call's arguments may be large alone.
         self._max_header = MAX_HEADER_BYTES + 20 * int(limits["stdout_bytes"])
@@ -260,7 +277,7 @@ class ChildLink:
         # the loop below (for up to STALL_SECONDS) must not stop it.
         stop = threading.Event()
         watchdog = threading.Thread(target=self._watch_quota, args=(stop,), daemon=True)
-        if self._quota is not None or self._keep:
+        if self._quota is not None or self._keep or self._meter is not None:
             watchdog.start()
         try:
             return self._relay(poller, server_fd)
@@ -277,6 +294,8 @@ class ChildLink:
                         self._check_quota()
                     if self._keep and self._limit is None:
                         self._check_cpu()
+                    if self._meter is not None and self._limit is None:
+                        self._check_tree()
 
     def _relay(self, poller: select.poll, server_fd: int) -> Ended:
         kill_at: float | None = None
@@ -315,6 +334,8 @@ class ChildLink:
         if self._phase == "running" and self._quota is not None:
             with self._quota_lock:
                 self._check_quota()
+        if self._phase == "running" and self._limit is None and self._violation is None:
+            self._check_tree()  # the OOM killer may have killed the block's own process
         return Ended(
             code=os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
             signal=os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
@@ -362,13 +383,16 @@ class ChildLink:
             else:
                 self._to_server(encode_frame(header))
         elif tag == "done":
-            if self._quota is not None:
+            if self._quota is not None or self._meter is not None:
                 with self._quota_lock:
-                    self._check_quota()
+                    if self._quota is not None:
+                        self._check_quota()
+                    if self._limit is None:
+                        self._check_tree()  # a process of the block killed for its memory
                     if self._limit is None:
                         self._phase = "done"  # the watchdog measures no more
                 if self._limit is not None:
-                    return  # killed for its disk use: the exit frame says so
+                    return  # killed for its disk or memory use: the exit frame says so
             self._output.drain(self._output_fd)  # the child flushed before it reported
             header["stdout"] = self._output.text()
             live = header.get("live", False)
@@ -445,6 +469,25 @@ class ChildLink:
 
     def _check_cpu(self) -> None:
         if _cpu_seconds(self.pid) - self._cpu_base > self._cpu_budget:
+            self._limit = "cpu_time"
+            self._kill()
+
+    def _check_tree(self) -> None:
+        """The block's whole tree, by its worker's cgroup: an OOM kill in it (the cgroup's memory
+        limit) ends the block as out of memory, and so does CPU time past the block's budget
+        summed over its processes (RLIMIT_CPU binds each one alone)."""
+        if self._meter is None:
+            return
+        if self._meter.oom_kills() > self._tree_oom_base:
+            self._limit = "memory"
+            self._kill()
+            return
+        used = self._meter.cpu_seconds()
+        if (
+            used is not None
+            and self._tree_cpu_base is not None
+            and used - self._tree_cpu_base > self._cpu_budget
+        ):
             self._limit = "cpu_time"
             self._kill()
 

@@ -138,14 +138,17 @@ def _fork_child(log_fd: int) -> tuple[int, int, int]:
     return pid, ours, output_read
 
 
-def _serve(*, proto_in: int, proto_out: int, log_fd: int) -> int:
-    """Fork, relay and report, one child after another, until the server goes away."""
+def _serve(*, proto_in: int, proto_out: int, log_fd: int, meter: isolation.CgroupMeter | None = None) -> int:
+    """Fork, relay and report, one child after another, until the server goes away. ``meter``:
+    the worker's cgroup, whose OOM kills and CPU time bound each block's whole process tree."""
     server = io.FileIO(proto_in, "rb", closefd=False)
     failed_starts = 0
     stale_owed = False  # a block came for a live child that had died: say so once ready
     while True:
         pid, channel, output = _fork_child(log_fd)
-        child = ChildLink(pid=pid, channel=channel, output=output, server_in=server, server_out=proto_out)
+        child = ChildLink(
+            pid=pid, channel=channel, output=output, server_in=server, server_out=proto_out, meter=meter
+        )
         try:
             if not child.wait_ready():
                 child.kill()
@@ -197,10 +200,11 @@ def _zygote(*, control: int, reports: int, log_fd: int) -> int:
     """Fork workers on the server's request until it closes ``control``; they share this
     process's warm heap (copy-on-write), so one costs a fork, not an interpreter.
 
-    ``control`` is a SOCK_SEQPACKET socket: each message is ``C`` with one descriptor attached,
+    ``control`` is a SOCK_SEQPACKET socket: each message is ``C`` with a descriptor attached,
     a connected stream socket that becomes the new worker's channel to the server (its frames
-    are those of a worker on its stdin/stdout). ``reports`` gets a ``clone`` frame (its pid)
-    per worker forked, in request order, and a ``gone`` frame once it exited and was reaped.
+    are those of a worker on its stdin/stdout), then those of its cgroup's counters, if any.
+    ``reports`` gets a ``clone`` frame (its pid) per worker forked, in request order, and a
+    ``gone`` frame once it exited and was reaped.
     Processes left below this one that are not workers (orphans of a worker that died) are
     killed. The server closing ``control``: every worker and what it runs is killed, then exit.
     """
@@ -213,7 +217,7 @@ def _zygote(*, control: int, reports: int, log_fd: int) -> int:
     while True:
         if poller.poll(_ZYGOTE_TICK_MS):
             try:
-                message, fds, _, _ = socket.recv_fds(channel, 16, 1)
+                message, fds, _, _ = socket.recv_fds(channel, 16, 3)
             except OSError as exc:
                 _log(log_fd, f"zygote: control socket failed: {exc}")
                 message, fds = b"", []
@@ -221,13 +225,14 @@ def _zygote(*, control: int, reports: int, log_fd: int) -> int:
                 isolation.kill_tree(os.getpid(), wait_seconds=1.0)
                 _reap_descendants()
                 return 0
-            if message != b"C" or len(fds) != 1:
+            if message != b"C" or not fds:
                 for fd in fds:
                     os.close(fd)
                 _log(log_fd, f"zygote: bad control message {message[:16]!r} with {len(fds)} fds")
                 return 1
-            pid = _fork_worker(fds[0], control=control, reports=reports, log_fd=log_fd)
-            os.close(fds[0])
+            pid = _fork_worker(fds[0], stats=fds[1:], control=control, reports=reports, log_fd=log_fd)
+            for fd in fds:
+                os.close(fd)
             workers.add(pid)
             write_frame(reports, {"t": "clone", "pid": pid})
         for pid in isolation.children(os.getpid()):
@@ -245,8 +250,9 @@ def _zygote(*, control: int, reports: int, log_fd: int) -> int:
                     write_frame(reports, {"t": "gone", "pid": pid})
 
 
-def _fork_worker(channel: int, *, control: int, reports: int, log_fd: int) -> int:
-    """Fork a worker whose channel to the server is ``channel`` (both ways)."""
+def _fork_worker(channel: int, *, stats: Sequence[int], control: int, reports: int, log_fd: int) -> int:
+    """Fork a worker whose channel to the server is ``channel`` (both ways); ``stats``: read-only
+    descriptors on its cgroup's counters (``isolation.CgroupMeter``), when the server made one."""
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
@@ -255,13 +261,15 @@ def _fork_worker(channel: int, *, control: int, reports: int, log_fd: int) -> in
     code = 1
     try:
         fd = fcntl.fcntl(channel, fcntl.F_DUPFD_CLOEXEC, 3)
-        for inherited in (channel, control, reports):
+        kept = [fcntl.fcntl(stat, fcntl.F_DUPFD_CLOEXEC, 3) for stat in stats]
+        for inherited in (channel, control, reports, *stats):
             os.close(inherited)
-        _close_fds_but(fd, log_fd)  # the zygote's control socket and report pipe above all
+        _close_fds_but(fd, log_fd, *kept)  # the zygote's control socket and report pipe above all
         # Orphans of its blocks come to it, not to the zygote, and it dies with the zygote.
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         die_with_parent()
-        code = _serve(proto_in=fd, proto_out=fd, log_fd=log_fd)
+        meter = isolation.CgroupMeter(kept) if kept else None
+        code = _serve(proto_in=fd, proto_out=fd, log_fd=log_fd, meter=meter)
     except BaseException:
         with contextlib.suppress(OSError):
             os.write(log_fd, traceback.format_exc().encode(errors="replace"))

@@ -17,6 +17,7 @@ from app.runtime.frames import ReadyFrame
 from app.runtime.protocol import MAX_HEADER_BYTES, PREFIX, FrameError, decode_header, decode_prefix
 
 if TYPE_CHECKING:
+    from app.runtime.isolation import WorkerCgroup
     from app.runtime.zygote import Zygote
 
 
@@ -87,6 +88,7 @@ class WorkerProcess:
         self.exited = asyncio.Event()  # its zygote reaped it (or the zygote itself is gone)
         self.last_header_bytes = 0  # of the last frame read (the journal's size is capped)
         self.idle_since = 0.0  # when it last became idle (the pool lets surplus idle ones go)
+        self.cgroup: WorkerCgroup | None = None  # its own, when the host allows (``isolation.cgroups``)
         self._reader = reader
         self._writer = writer
 

@@ -8,7 +8,8 @@ signals cannot leave its own processes (Landlock's signal scope, ABI 6), so with
 zygote forks a single worker (``capacity``) and the pool starts one zygote per worker.
 
 The server asks for a worker by sending ``C`` with one end of a fresh socketpair attached on the
-zygote's control socket (SOCK_SEQPACKET, its stdin); the zygote reports ``clone {pid}`` (in
+zygote's control socket (SOCK_SEQPACKET, its stdin), and read-only descriptors on the worker's
+cgroup counters when it has one; the zygote reports ``clone {pid}`` (in
 request order) and ``gone {pid}`` once a worker exited, as frames on its stdout. Nothing a block
 runs holds either descriptor (a worker keeps only its own channel), but the reports are checked
 all the same.
@@ -22,6 +23,7 @@ import os
 import signal
 import socket
 from collections import deque
+from collections.abc import Sequence
 from typing import Final
 
 import structlog
@@ -72,9 +74,10 @@ class Zygote:
         held = len(self.workers) + len(self._asked)
         return self.dead or (self.capacity is not None and held >= self.capacity)
 
-    async def clone(self) -> WorkerProcess:
+    async def clone(self, stats: Sequence[int] = ()) -> WorkerProcess:
         """A new worker forked by this zygote (not yet ready: ``await_ready`` says when its first
-        child is). WorkerGone when the zygote is gone."""
+        child is). ``stats``: read-only descriptors on its cgroup's counters, passed on to it
+        (the caller keeps and closes its own). WorkerGone when the zygote is gone."""
         if self.dead:
             raise WorkerGone("the sandbox zygote is gone")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -82,7 +85,7 @@ class Zygote:
             asked = asyncio.get_running_loop().create_future()
             self._asked.append(asked)
             try:
-                socket.send_fds(self._control, [b"C"], [theirs.fileno()])
+                socket.send_fds(self._control, [b"C"], [theirs.fileno(), *stats])
             except OSError as exc:
                 self._asked.remove(asked)
                 raise WorkerGone(f"the sandbox zygote does not take requests: {exc}") from None

@@ -45,17 +45,23 @@ Two backends, chosen by ``SABRE_SANDBOX`` (``RuntimePool(sandbox=...)``):
     other conversations' files, /tmp, processes that leave the block's session, and (without
     root) the server's own files and kill -1.
 
-Both: ``watch_forks`` tells a block that died of its process limit (``limit: processes N``) from
-one that merely got an EAGAIN.
+Both: where the host lets the server make cgroups (``cgroups``), each worker runs in one of its
+own, so the kernel bounds the memory and tasks of a block's whole process tree, and the worker
+counts the tree's OOM kills and CPU time (``cgroup_meter``); elsewhere the limits bind each
+process of a block alone. ``watch_forks`` tells a block that died of its process limit
+(``limit: processes N``) from one that merely got an EAGAIN.
 
 The package, by side: ``host`` (the server's: bubblewrap's command line, the root server's user
 namespace), ``confine`` (the sandbox's: a worker's set-up, a child's narrowing and ``enter``),
-``identity`` (who blocks run as when the server is root), ``linux`` (the system calls both use),
+``identity`` (who blocks run as when the server is root), ``cgroups`` (the server's: a cgroup per
+worker) and ``cgroup_meter`` (the worker's reading of it), ``linux`` (the system calls both use),
 ``probe`` (the start-up check) and ``backends`` (the words). Everything the sandbox imports from
 here is standard library only.
 """
 
 from app.runtime.isolation.backends import Backend, SandboxMode
+from app.runtime.isolation.cgroup_meter import CgroupMeter
+from app.runtime.isolation.cgroups import Cgroups, CgroupsUnavailable, WorkerCgroup, open_cgroups
 from app.runtime.isolation.confine import (
     after_fork,
     allow_reading,
@@ -79,12 +85,23 @@ from app.runtime.isolation.identity import (
     reachable,
     sandbox_identity,
 )
-from app.runtime.isolation.linux import capability_sets, children, drop_capabilities, kill_tree, set_dumpable
+from app.runtime.isolation.linux import (
+    capability_sets,
+    children,
+    drop_capabilities,
+    host_pid,
+    kill_tree,
+    set_dumpable,
+)
 
 __all__ = [
     "Backend",
+    "CgroupMeter",
+    "Cgroups",
+    "CgroupsUnavailable",
     "Identity",
     "SandboxMode",
+    "WorkerCgroup",
     "adopt",
     "after_fork",
     "allow_reading",
@@ -101,8 +118,10 @@ __all__ = [
     "find_bwrap",
     "fork_refused",
     "hides_processes",
+    "host_pid",
     "kill_tree",
     "make_traversable",
+    "open_cgroups",
     "reachable",
     "remove_block_tmp",
     "sandbox_identity",

@@ -224,6 +224,10 @@ def after_fork() -> None:
     """
     global _fork_refused
     _fork_refused = False
+    # The OOM killer (the worker's cgroup's, or the host's) takes the block's processes before
+    # their worker or the server: raising one's own score needs no privilege; forks inherit it.
+    with contextlib.suppress(OSError):
+        write_file("/proc/self/oom_score_adj", "1000")
     identity = _State.identity
     if _State.seccomp is not None:
         _State.seccomp.warm()

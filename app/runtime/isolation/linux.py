@@ -181,3 +181,30 @@ def _descendants(root: int) -> list[int]:
             found.append(child)
             stack.append(child)
     return found
+
+
+def namespace_pids(pid: int) -> list[int]:
+    """``pid``'s pids from this process's PID namespace down to its own (``NSpid``); [] if gone."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("NSpid:"):
+                    return [int(p) for p in line.split()[1:]]
+    except (OSError, ValueError):
+        pass
+    return []
+
+
+def host_pid(ancestor: int, inner_pid: int, *, nested: bool, depth: int = 4) -> int | None:
+    """The pid here of the descendant of ``ancestor`` whose pid in its own PID namespace is
+    ``inner_pid``: one PID namespace below this one (``nested``: a bwrap zygote's worker), or in
+    this one. None when there is none."""
+    levels = len(namespace_pids(os.getpid())) + (1 if nested else 0)
+    layer = [ancestor]
+    for _ in range(depth):
+        layer = [child for parent in layer for child in children(parent)]
+        for pid in layer:
+            pids = namespace_pids(pid)
+            if len(pids) == levels and pids[-1] == inner_pid:
+                return pid
+    return None

@@ -1,15 +1,20 @@
 """The start-up probe: ``python -m app.runtime.isolation.probe --probe DIR --workspaces ROOT`` runs the
 whole bwrap set-up once inside bubblewrap (a worker's, a child's, entering a directory and
-writing there) and says why it fails, if it does."""
+writing there) and says why it fails, if it does. ``--limits`` (on the host, as the server's user)
+says instead how blocks' memory and processes would be bounded here: per block (a cgroup per
+worker) or per process only, and why."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import sys
 import traceback
 from collections.abc import Sequence
+from pathlib import Path
 
+from app.runtime.isolation.cgroups import DEFAULT_ROOT, CgroupsUnavailable, open_cgroups
 from app.runtime.isolation.confine import after_fork, configure_worker, enter, hides_processes
 from app.runtime.isolation.identity import Identity
 from app.runtime.isolation.linux import capability_sets
@@ -49,13 +54,31 @@ def probe(workdir: str, *, workspaces: str, identity: Identity | None) -> None:
         raise RuntimeError(why or f"the probe's child failed (wait status {status})")
 
 
+def block_limits(cgroup_root: Path) -> str:
+    """How a pool started here would bound blocks: it makes (and removes) a pool's cgroups."""
+    try:
+        cgroups = open_cgroups(cgroup_root)
+    except CgroupsUnavailable as exc:
+        return f"per process only ({exc})"
+    asyncio.run(cgroups.close())
+    return f"per block ({cgroups.describe()})"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m app.runtime.isolation.probe --probe DIR --workspaces ROOT [--identity U:G]``."""
+    """``python -m app.runtime.isolation.probe --probe DIR --workspaces ROOT [--identity U:G]``, or
+    ``--limits [--cgroup-root DIR]``."""
     parser = argparse.ArgumentParser(prog="python -m app.runtime.isolation.probe")
-    parser.add_argument("--probe", required=True, help="a directory inside the workspaces")
-    parser.add_argument("--workspaces", required=True)
+    parser.add_argument("--probe", help="a directory inside the workspaces")
+    parser.add_argument("--workspaces")
     parser.add_argument("--identity", default=None)
+    parser.add_argument("--limits", action="store_true", help="say how blocks' limits are bounded here")
+    parser.add_argument("--cgroup-root", type=Path, default=DEFAULT_ROOT, help="the cgroup file system")
     options = parser.parse_args(argv)
+    if options.limits:
+        print(f"block limits: {block_limits(options.cgroup_root)}")
+        return 0
+    if options.probe is None or options.workspaces is None:
+        parser.error("--probe and --workspaces are required (or --limits)")
     identity = Identity.parse(options.identity) if options.identity else None
     try:
         probe(options.probe, workspaces=options.workspaces, identity=identity)
