@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import hmac
 import os
 import sys
@@ -99,7 +100,16 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         for field in fields(Resources):  # app.state.pool, .sessionmaker…: what dependencies read
             if field.name != "settings":
                 setattr(app.state, field.name, getattr(resources, field.name))
+        freeze_startup_heap()
         yield
+
+
+def freeze_startup_heap() -> None:
+    """Move what start-up built (modules, models, the SDKs' types: live for the whole process)
+    out of the cyclic GC's reach: a full collection then scans only what requests made, instead
+    of stopping the event loop for ~0.2 s every few hundred requests (measured under load)."""
+    gc.collect()
+    gc.freeze()
 
 
 def _refuse_to_start(exc: Exception) -> NoReturn:

@@ -5,6 +5,7 @@ others waiting for it; empty optional settings are unset ones (compose passes ``
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import secrets
 import subprocess
@@ -283,3 +284,13 @@ def _children(pid: int) -> list[int]:
             return [int(c) for c in listing.read().split()]
     except OSError:
         return []
+
+
+async def test_a_started_server_keeps_its_start_up_heap_out_of_the_cyclic_gc(tmp_path: Path) -> None:
+    """What start-up built is frozen (``gc.freeze``): a full collection under load then scans only
+    what requests allocated, not every module and model of the process."""
+    gc.unfreeze()  # earlier apps of this test process froze theirs
+    assert gc.get_freeze_count() == 0
+    app = create_app(_settings(tmp_path, openai_api_key="sk-test"))
+    async with app.router.lifespan_context(app):
+        assert gc.get_freeze_count() > 10_000
