@@ -34,7 +34,9 @@ class ConversationLocks(Protocol):
     """Take, renew and release a conversation's turn lock."""
 
     async def acquire(self, conversation_id: str, *, turn_id: str) -> str | None:
-        """Take the lock for ``turn_id``; on contention return the holder's turn id instead."""
+        """Take the lock for ``turn_id``; on contention return the holder's turn id instead. A
+        lock ``turn_id`` holds already (a queued turn's, taken by the request that queued it) is
+        taken again with a fresh lease: it may have lapsed before the turn's first renewal."""
         ...
 
     async def renew(self, conversation_id: str, *, turn_id: str) -> bool:
@@ -65,6 +67,8 @@ class RedisLocks:
         key = self._key(conversation_id)
         if await self._redis.set(key, turn_id, nx=True, px=self._lease_ms):
             return None
+        if await self.renew(conversation_id, turn_id=turn_id):
+            return None  # this turn's own lock
         holder = await self._redis.get(key)
         if holder is None:  # expired between the two calls: try once more
             if await self._redis.set(key, turn_id, nx=True, px=self._lease_ms):

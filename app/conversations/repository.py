@@ -103,12 +103,17 @@ class ConversationRepository:
     async def try_lock(
         self, *, conversation_id: str, turn_id: str, now: datetime, expires_at: datetime
     ) -> bool:
-        """Take the conversation's database lock if it is free or its lease expired."""
+        """Take the conversation's database lock if it is free, its lease expired or ``turn_id``
+        holds it already (then with a fresh lease)."""
         result = await self.session.execute(
             update(Conversation)
             .where(
                 Conversation.id == conversation_id,
-                or_(Conversation.lock_turn_id.is_(None), Conversation.lock_expires_at < now),
+                or_(
+                    Conversation.lock_turn_id.is_(None),
+                    Conversation.lock_expires_at < now,
+                    Conversation.lock_turn_id == turn_id,
+                ),
             )
             .values(lock_turn_id=turn_id, lock_expires_at=expires_at)
             .execution_options(synchronize_session=False)

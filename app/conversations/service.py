@@ -757,8 +757,9 @@ class ConversationService:
         conversation_id = conversation.id
         tenant = conversation.tenant
         structlog.contextvars.bind_contextvars(conversation_id=conversation_id, turn_id=turn_id)
+        # The request that queued the turn took the lock for it: taken again, with a fresh lease.
         holder = await self.locks.acquire(conversation_id, turn_id=turn_id)
-        if holder not in (None, turn_id):
+        if holder is not None:
             await self._end_unrun(
                 row,
                 conversation,
