@@ -35,11 +35,13 @@ async def test_a_turn_on_a_is_watched_live_on_b_and_resumed_after_a_disconnect(
         async with http.stream("GET", url, headers=sse) as response:
             assert response.status_code == 200
             buffer = ""
+            left = False  # the watcher went away itself (else its stream ended)
             async for chunk in response.aiter_text():
                 buffer += chunk
                 seen = parse_sse(buffer)
                 arrivals.append(time.monotonic())
                 if sum(e["event"] == "llm.delta" for e in seen) >= 2:
+                    left = True
                     break  # the watcher goes away mid-turn
         assert seen[-1]["event"] != "turn.completed", "the turn ended before it could be watched live"
         last_id = seen[-1]["id"]
@@ -65,6 +67,10 @@ async def test_a_turn_on_a_is_watched_live_on_b_and_resumed_after_a_disconnect(
             ]
             raise AssertionError(
                 f"the reconnected watcher got nothing after {last_id}: {body!r}; stored: {stored_ids}; "
+                # An empty reconnect needs a turn no longer running: did the first watcher's own stream
+                # end (a turn that failed, or a follower that saw no running turn) before its 2 deltas?
+                f"the first watcher {'left' if left else 'saw its stream end'} after "
+                f"{[(e['id'], e['event']) for e in seen]}; "
                 f"turn now: {state.get('status')} {state.get('error')}; lock (holder, pttl ms): {lock}; "
                 "logs:\n" + "\n".join(logs)
             )
