@@ -26,7 +26,13 @@ What it denies (everything else is allowed):
   cannot see clone3's flags (they are in memory), and on ENOSYS glibc falls back to ``clone``;
 * without ``network``: ``socket`` of any family but AF_UNIX (EAFNOSUPPORT); without
   ``unix_sockets``: ``socket(AF_UNIX)`` too (EPERM). ``socketpair`` stays allowed (Python's
-  multiprocessing and subprocess use it).
+  multiprocessing and subprocess use it);
+* without ``ipc``: SysV shared memory, message queues and semaphores and POSIX message queues
+  (ENOSYS, as in a kernel built without them). Their objects live in the IPC namespace, not in a
+  process: in the host's (the process backend) a segment outlives the block that made it, stays
+  charged to its worker's cgroup (the next conversation's block there runs out of memory) and,
+  once that worker is retired, to no cgroup that bounds anything; in a block's own (bwrap) it
+  goes with the namespace, which the kernel frees only some time after the block's end.
 
 Only the native ABI is allowed: a system call of another one (i386's ``int 0x80`` and x32 on
 x86_64, AArch32 on aarch64) kills the process, so 32-bit entry points are no way around the
@@ -154,6 +160,27 @@ _TARGET_KINDS: Final = (
     ("ioprio_get", 0, 1),
 )
 INOTIFY: Final = ("inotify_init", "inotify_init1", "inotify_add_watch")
+# The IPC namespace's objects (``build(ipc=False)``): SysV IPC and POSIX message queues.
+IPC: Final = (
+    "shmget",
+    "shmat",
+    "shmdt",
+    "shmctl",
+    "msgget",
+    "msgsnd",
+    "msgrcv",
+    "msgctl",
+    "semget",
+    "semop",
+    "semtimedop",
+    "semctl",
+    "mq_open",
+    "mq_unlink",
+    "mq_timedsend",
+    "mq_timedreceive",
+    "mq_notify",
+    "mq_getsetattr",
+)
 # Numbers of recent system calls an older libseccomp may not know by name: since Linux 5.1 new
 # system calls have one number on every architecture (asm-generic's unified table).
 _UNIFIED: Final[dict[str, int]] = {
@@ -193,9 +220,9 @@ class Filter:
     at it are ready, so installing costs one prctl and one seccomp system call.
     """
 
-    __slots__ = ("_buffer", "_nr", "_program", "instructions", "network", "unix_sockets")
+    __slots__ = ("_buffer", "_nr", "_program", "instructions", "ipc", "network", "unix_sockets")
 
-    def __init__(self, program: bytes, *, network: bool, unix_sockets: bool) -> None:
+    def __init__(self, program: bytes, *, network: bool, unix_sockets: bool, ipc: bool = True) -> None:
         count, rest = divmod(len(program), _SOCK_FILTER_SIZE)
         if rest or not 0 < count <= _BPF_MAXINSNS:
             raise ValueError(f"not a BPF program of 1 to {_BPF_MAXINSNS} instructions: {len(program)} bytes")
@@ -205,6 +232,7 @@ class Filter:
         self.instructions = count
         self.network = network
         self.unix_sockets = unix_sockets
+        self.ipc = ipc
 
     @property
     def program(self) -> bytes:
@@ -269,11 +297,12 @@ def available() -> str | None:
     return f"seccomp filters with TSYNC are not available: {os.strerror(code) if result == -1 else result}"
 
 
-def build(*, network: bool, unix_sockets: bool) -> Filter:
+def build(*, network: bool, unix_sockets: bool, ipc: bool = True) -> Filter:
     """Compile the sandbox's filter (in the worker, once): sockets as the arguments allow.
 
     ``network``: sockets of every family (the rest of the filter is the same);
-    ``unix_sockets``: ``socket(AF_UNIX)`` (socketpair is always allowed).
+    ``unix_sockets``: ``socket(AF_UNIX)`` (socketpair is always allowed); ``ipc``: SysV IPC and
+    POSIX message queues.
     """
     import pyseccomp as sc
 
@@ -310,7 +339,10 @@ def build(*, network: bool, unix_sockets: bool) -> Filter:
         _add(sc, rules, sc.ERRNO(errno.EAFNOSUPPORT), "socket", sc.Arg(0, sc.NE, _AF_UNIX))
     if not unix_sockets:
         _add(sc, rules, eperm, "socket", sc.Arg(0, sc.MASKED_EQ, _LOW32, _AF_UNIX))
-    return Filter(_export(rules), network=network, unix_sockets=unix_sockets)
+    if not ipc:
+        for name in IPC:
+            _add(sc, rules, sc.ERRNO(errno.ENOSYS), name)
+    return Filter(_export(rules), network=network, unix_sockets=unix_sockets, ipc=ipc)
 
 
 def _add(sc: Any, rules: Any, action: int, name: str, *args: Any) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import errno
 import json
 import os
 import stat
@@ -195,7 +196,9 @@ result(libc.umount2(b'{mine}', 2))
 async def test_nothing_of_a_block_reaches_the_next_one(
     solo: RuntimePool, conversations: tuple[Path, Path]
 ) -> None:
-    """/tmp, /dev/shm, SysV shared memory and background processes die with the block."""
+    """/tmp, /dev/shm and background processes die with the block; SysV shared memory is not
+    to be had at all (its IPC namespace, and the segment with it, went only some time after the
+    block, still charged to the worker's cgroup: test_cgroup_attacks.py)."""
     _bwrap_only(solo, "/tmp, SysV IPC or daemons between blocks")
     first, second = conversations
     name = f"left{uuid.uuid4().hex[:10]}"
@@ -204,7 +207,7 @@ import ctypes, os
 open('/tmp/{name}', 'w').write('A')
 open('/dev/shm/{name}', 'w').write('A')
 libc = ctypes.CDLL(None, use_errno=True)
-result(libc.shmget(0x5AB12, 4096, 0o1666))  # IPC_CREAT | 0666
+result([libc.shmget(0x5AB12, 4096, 0o1666), ctypes.get_errno()])  # IPC_CREAT | 0666
 if os.fork() == 0:  # a daemon: its own session, out of the block's process group
     os.setsid()
     if os.fork() == 0:
@@ -215,7 +218,7 @@ if os.fork() == 0:  # a daemon: its own session, out of the block's process grou
 """
     outcome = await run(solo, leave, workdir=first)
     assert outcome.status == "ok", outcome.error
-    assert int(outcome.results[0]) >= 0
+    assert json.loads(outcome.results[0]) == [-1, errno.ENOSYS]
     assert await wait_until_gone(name, seconds=5) == []
     find = f"""\
 import ctypes, os

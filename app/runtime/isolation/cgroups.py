@@ -139,7 +139,21 @@ class WorkerCgroup:
         if self.oom_at_removal is None:
             with contextlib.suppress(OSError):
                 self.oom_at_removal = self.oom_kills()
+        if not _procs(self.memory):
+            self._uncharge()
         return all(_rmdir(d) for d in self.dirs)
+
+    def _uncharge(self) -> None:
+        """Reclaim what is still charged to it, once no process is left (the page cache of the
+        files its blocks wrote): a removed memory cgroup that still has pages charged stays in
+        the kernel, dying, until they are reclaimed, and the kernel holds at most 65,535 of them
+        at once: a block that had its worker retired again and again would use them all up, and
+        then no memory cgroup could be made on the host (ENOSPC), this pool's included."""
+        with contextlib.suppress(OSError):
+            if self.version == 1:
+                _write(self.memory / "memory.force_empty", "0")
+            elif (self.memory / "memory.reclaim").exists():
+                _write(self.memory / "memory.reclaim", _read(self.memory / "memory.current").strip())
 
 
 def oom_kills_in(text: str) -> int:
@@ -352,10 +366,11 @@ def _remove_tree(path: Path) -> bool:
 
 
 async def _removed(attempt: Callable[[], bool]) -> bool:
-    """Call ``attempt`` (whether it is done) until it is, for a few seconds at most."""
+    """Call ``attempt`` (whether it is done) until it is, for a few seconds at most; in a thread:
+    reclaiming what is charged to a cgroup (``WorkerCgroup._uncharge``) may write back pages."""
     deadline = time.monotonic() + _REMOVE_SECONDS
     while True:
-        if attempt():
+        if await asyncio.to_thread(attempt):
             return True
         if time.monotonic() >= deadline:
             return False

@@ -118,7 +118,12 @@ def configure_worker(backend: Backend, *, workspaces: str | None, identity: Iden
         raise RuntimeError(f"the sandbox's seccomp filter cannot be installed here: {why}")
     # bwrap: the code sees no host socket file, so AF_UNIX sockets are harmless; process: a
     # block could connect to the host's (PostgreSQL's, Redis's), so only socketpair() remains.
-    _State.seccomp = seccomp.build(network=False, unix_sockets=backend == "bwrap")
+    # No SysV IPC nor POSIX message queues: their objects belong to the IPC namespace, not to
+    # a process. process: the host's, where a segment outlives the block and, once its worker
+    # is retired, any cgroup that bounds it; bwrap: the block's own, but the kernel frees that
+    # some time after the block's last process is gone, so the next block in the worker starts
+    # with the segment still charged to its cgroup (and may be killed for its memory).
+    _State.seccomp = seccomp.build(network=False, unix_sockets=backend == "bwrap", ipc=False)
     if backend == "process" and landlock.abi() < 1:
         raise RuntimeError(
             "the process sandbox needs Landlock (Linux 5.13+, enabled in the kernel's LSM list) "
@@ -226,8 +231,11 @@ def after_fork() -> None:
     _fork_refused = False
     # The OOM killer (the worker's cgroup's, or the host's) takes the block's processes before
     # their worker or the server: raising one's own score needs no privilege; forks inherit it.
-    with contextlib.suppress(OSError):
-        write_file("/proc/self/oom_score_adj", "1000")
+    # (bwrap: the worker is not dumpable, so its child's /proc/self is not its own to write
+    # until it is made dumpable below: it raises its score there.)
+    if _State.backend != "bwrap":
+        with contextlib.suppress(OSError):
+            write_file("/proc/self/oom_score_adj", "1000")
     identity = _State.identity
     if _State.seccomp is not None:
         _State.seccomp.warm()
@@ -244,7 +252,9 @@ def after_fork() -> None:
     if _State.backend != "bwrap":
         return
     uid, gid = os.getuid(), os.getgid()
-    prctl(PR_SET_DUMPABLE, 1)  # to write its own uid_map
+    prctl(PR_SET_DUMPABLE, 1)  # to write its own uid_map (and its OOM score)
+    with contextlib.suppress(OSError):
+        write_file("/proc/self/oom_score_adj", "1000")
     # A network namespace of its own too (blocks have no network): abstract unix socket names
     # and /proc/net are per network namespace, so another block can neither take a name before
     # this one nor list its sockets.
