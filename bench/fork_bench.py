@@ -9,6 +9,9 @@ Prints two tables (markdown):
    blocks' processes), for a fresh fork (a new conversation's first block) and for the next block
    of a conversation whose process is live, under each sandbox that runs here (``bwrap``,
    ``process``): which side of the relay to make cheaper.
+3. Where in each process the CPU of fresh blocks goes (``perf record -g``, sampled with kernel
+   stacks, when ``perf`` is installed and allowed): the fork's page-table copy, page faults
+   (copy-on-write or not), exit, namespaces and mounts, other system calls, and the interpreter.
 
 CPU comes from /proc (user + system, reaped children included), so it counts the kernel's work.
 Run: ``uv run python bench/fork_bench.py [--blocks 300] [--preload numpy,pandas,matplotlib]``.
@@ -19,7 +22,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -91,34 +97,44 @@ def _command(pid: int) -> bytes:
         return cmdline.read()
 
 
-def cpu_by_role(server: int) -> dict[str, float]:
-    """CPU seconds so far of each kind of process below (and including) ``server``."""
-    totals = dict.fromkeys(ROLES, 0.0)
-    totals["server"] = _stat(server)[0]
+def roles_below(server: int) -> dict[int, str]:
+    """The role of ``server`` and of each process below it now (a worker's block: ``blocks``)."""
+    roles = {server: "server"}
 
     def walk(pid: int, parent_role: str) -> None:
         for child in _children(pid):
             try:
-                own, reaped = _stat(child)
                 command = _command(child)
             except (FileNotFoundError, ProcessLookupError):
                 continue
             if b"bwrap" in command.split(b"\0")[0]:
-                totals["bwrap"] += own
-                walk(child, "bwrap")
+                role = "bwrap"
             elif b"--zygote" in command and parent_role in ("server", "bwrap"):
-                totals["zygote"] += own
-                walk(child, "zygote")
+                role = "zygote"
             elif parent_role == "zygote":
-                totals["workers"] += own
-                totals["blocks"] += reaped  # the workers reap their blocks' processes
-                walk(child, "worker")
-            elif parent_role == "worker":
-                totals["blocks"] += own + reaped
+                role = "workers"
+            elif parent_role in ("workers", "blocks"):
+                role = "blocks"
             else:
-                walk(child, parent_role)
+                role = parent_role
+            roles[child] = role
+            walk(child, role)
 
     walk(server, "server")
+    return roles
+
+
+def cpu_by_role(server: int) -> dict[str, float]:
+    """CPU seconds so far of each kind of process below (and including) ``server``."""
+    totals = dict.fromkeys(ROLES, 0.0)
+    for pid, role in roles_below(server).items():
+        try:
+            own, reaped = _stat(pid)
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        totals[role] += own
+        if role in ("workers", "blocks"):  # the workers reap their blocks' processes
+            totals["blocks"] += reaped
     return totals
 
 
@@ -127,7 +143,13 @@ async def cpu_per_block(
 ) -> dict[str, float]:
     """CPU ms per trivial block by role: each a new conversation's first block (``live=False``),
     or the next block of one conversation whose process stays live."""
-    workspaces = Path(tempfile.mkdtemp(prefix="sabre-fork-bench-", dir="/var/tmp"))
+    with tempfile.TemporaryDirectory(prefix="sabre-fork-bench-", dir="/var/tmp") as tmp:
+        return await _cpu_per_block(sandbox, preload, Path(tmp), blocks=blocks, live=live)
+
+
+async def _cpu_per_block(
+    sandbox: SandboxMode, preload: Sequence[str], workspaces: Path, *, blocks: int, live: bool
+) -> dict[str, float]:
     async with RuntimePool(
         size=2, preload=preload, sandbox=sandbox, workspaces=workspaces, live_seconds=60.0 if live else 0.0
     ) as pool:
@@ -152,6 +174,64 @@ async def cpu_per_block(
         await asyncio.sleep(0.2)
         after = cpu_by_role(os.getpid())
     return {role: (after[role] - before[role]) / blocks * 1e3 for role in ROLES}
+
+
+# Kernel functions that say what a sample was doing, first match wins (the rest: "syscalls" when a
+# system call is on the stack, else "interpreter": user space, Python and its libraries).
+CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("fork: page tables", ("dup_mmap", "copy_process")),
+    ("exit", ("exit_mmap", "do_exit")),
+    ("copy-on-write faults", ("do_wp_page", "wp_page_copy")),
+    ("other page faults", ("exc_page_fault",)),
+    ("namespaces, mounts", ("ksys_unshare", "path_mount", "__x64_sys_mount", "__x64_sys_setns")),
+    ("syscalls", ("do_syscall_64",)),
+)
+OTHER = "interpreter"
+
+
+async def perf_breakdown(
+    sandbox: SandboxMode, preload: Sequence[str], *, blocks: int
+) -> dict[tuple[str, str], float] | None:
+    """Shares of the CPU samples of fresh blocks by (role, category), or None without ``perf``."""
+    perf = shutil.which("perf")
+    if perf is None:
+        return None
+    workspaces = Path(tempfile.mkdtemp(prefix="sabre-fork-bench-", dir="/var/tmp"))
+    data = workspaces / "perf.data"
+    async with RuntimePool(size=2, preload=preload, sandbox=sandbox, workspaces=workspaces) as pool:
+        workdir = workspaces / "conversation"
+        workdir.mkdir()
+        bench = Bench(pool, workdir, 2)
+        for _ in range(20):
+            await bench.run("x = 1")
+        await bench.until_idle()
+        roles = roles_below(os.getpid())
+        # -p follows what the sampled processes fork from now on (the blocks' processes).
+        argv = [perf, "record", "-q", "-g", "-F", "999", "-o", str(data), "-p", ",".join(map(str, roles))]
+        recorder = await asyncio.create_subprocess_exec(
+            *argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        await asyncio.sleep(1.0)
+        for _ in range(blocks):
+            await bench.until_idle()
+            await bench.run("x = 1")
+        recorder.send_signal(signal.SIGINT)
+        await asyncio.wait_for(recorder.wait(), timeout=30)
+    script = await asyncio.create_subprocess_exec(
+        perf, "script", "-i", str(data), "-F", "pid,ip,sym", stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
+    output = (await script.communicate())[0].decode(errors="replace")
+    shutil.rmtree(workspaces, ignore_errors=True)
+    counts: collections.Counter[tuple[str, str]] = collections.Counter()
+    for sample in output.split("\n\n"):
+        lines = sample.strip().splitlines()
+        if not lines or not lines[0].strip().isdigit():
+            continue
+        stack = " ".join(lines[1:])
+        category = next((name for name, marks in CATEGORIES if any(m in stack for m in marks)), OTHER)
+        counts[roles.get(int(lines[0]), "blocks"), category] += 1
+    total = sum(counts.values())
+    return {key: n / total for key, n in counts.items()} if total else None
 
 
 def table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
@@ -197,6 +277,29 @@ async def main(blocks: int, preload: Sequence[str]) -> None:
         f"2. CPU ms per trivial block by process ({blocks} blocks each)",
         ["sandbox", "block", *ROLES, "total"],
         rows,
+    )
+    shares = await perf_breakdown(sandboxes[0], preload, blocks=blocks)
+    if shares is None:
+        print(
+            "(3. skipped: no `perf` here, or it recorded nothing: it needs perf_event_paranoid <= 1 or root)"
+        )
+        return
+    fresh = rows[0]  # the first sandbox's fresh blocks: CPU ms per block by role, then the total
+    per_block = float(fresh[-1])
+    columns = [name for name, _ in CATEGORIES] + [OTHER]
+    table(
+        f"3. Where a fresh block's CPU goes under {sandboxes[0]} (perf samples, as CPU ms per block "
+        f"of the {per_block:.2f} ms of table 2)",
+        ["process", *columns, "all"],
+        [
+            [
+                role,
+                *(f"{shares.get((role, c), 0.0) * per_block:.2f}" for c in columns),
+                f"{sum(shares.get((role, c), 0.0) for c in columns) * per_block:.2f}",
+            ]
+            for role in ROLES
+            if any(shares.get((role, c)) for c in columns)
+        ],
     )
 
 
