@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Literal
 
+from app.runtime.isolation.linux import write_file
+
 DEFAULT_ROOT: Final = Path("/sys/fs/cgroup")
 # Tasks of a worker itself in its cgroup (its main thread and its relay's watchdog), beside the
 # block's ``max_processes``: the pids controller counts threads, as RLIMIT_NPROC does.
@@ -61,7 +63,7 @@ class WorkerCgroup:
     def place(self, pid: int) -> None:
         """Move process ``pid`` (a host pid, all its threads) into this cgroup."""
         for directory in self.dirs:
-            _write(directory / "cgroup.procs", str(pid))
+            write_file(directory / "cgroup.procs", str(pid))
 
     def set_limits(self, *, memory_bytes: int, tasks: int) -> None:
         """Bound the tree's memory (swap: none beyond it) and tasks; a no-op when unchanged.
@@ -75,12 +77,12 @@ class WorkerCgroup:
             order = [memsw, limit] if memory_bytes > int(_read(limit)) else [limit, memsw]
             for path in order:
                 if path.exists():
-                    _write(path, str(memory_bytes))
+                    write_file(path, str(memory_bytes))
         else:
-            _write(self.memory / "memory.max", str(memory_bytes))
+            write_file(self.memory / "memory.max", str(memory_bytes))
             if (self.memory / "memory.swap.max").exists():
-                _write(self.memory / "memory.swap.max", "0")
-        _write(self.pids / "pids.max", str(tasks))
+                write_file(self.memory / "memory.swap.max", "0")
+        write_file(self.pids / "pids.max", str(tasks))
         self.limits = (memory_bytes, tasks)
 
     def memory_limit(self) -> int:
@@ -118,7 +120,7 @@ class WorkerCgroup:
         """SIGKILL every process left in it (through a pidfd, once it is known to be still here)."""
         if self.version == 2 and (self.memory / "cgroup.kill").exists():
             with contextlib.suppress(OSError):
-                _write(self.memory / "cgroup.kill", "1")
+                write_file(self.memory / "cgroup.kill", "1")
             return
         for pid in _procs(self.pids):
             try:
@@ -151,9 +153,9 @@ class WorkerCgroup:
         then no memory cgroup could be made on the host (ENOSPC), this pool's included."""
         with contextlib.suppress(OSError):
             if self.version == 1:
-                _write(self.memory / "memory.force_empty", "0")
+                write_file(self.memory / "memory.force_empty", "0")
             elif (self.memory / "memory.reclaim").exists():
-                _write(self.memory / "memory.reclaim", _read(self.memory / "memory.current").strip())
+                write_file(self.memory / "memory.reclaim", _read(self.memory / "memory.current").strip())
 
 
 def oom_kills_in(text: str) -> int:
@@ -271,7 +273,7 @@ def _open_v2(base: Path) -> Cgroups:
                 ) from None
             leaf = base / "sabre-server"
             leaf.mkdir(mode=0o755, exist_ok=True)
-            _write(leaf / "cgroup.procs", str(os.getpid()))
+            write_file(leaf / "cgroup.procs", str(os.getpid()))
             _enable(base)
         pool = _make_pool_dir(base / _pool_name())
         try:
@@ -287,7 +289,7 @@ def _open_v2(base: Path) -> Cgroups:
 def _enable(path: Path) -> None:
     """v2: let the children of ``path`` have the memory and pids controllers."""
     if not {"memory", "pids"} <= set(_read(path / "cgroup.subtree_control").split()):
-        _write(path / "cgroup.subtree_control", "+memory +pids")
+        write_file(path / "cgroup.subtree_control", "+memory +pids")
 
 
 def _has_controllers(path: Path, wanted: tuple[str, ...]) -> bool:
@@ -398,11 +400,3 @@ def _rmdir(path: Path) -> bool:
 def _read(path: Path) -> str:
     with open(path) as handle:
         return handle.read()
-
-
-def _write(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)

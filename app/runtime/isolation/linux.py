@@ -75,7 +75,7 @@ def prctl(option: int, arg: int = 0) -> None:
     check(libc.prctl(option, arg, 0, 0, 0), f"prctl({option})")
 
 
-def write_file(path: str, text: str) -> None:
+def write_file(path: str | os.PathLike[str], text: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     try:
         os.write(fd, text.encode())
