@@ -140,7 +140,7 @@ async def test_create_on_a_resume_on_b_resume_on_a(two_servers: tuple[str, str],
 
 
 async def test_a_server_killed_during_a_resume_leaves_the_conversation_resumable(
-    two_servers: tuple[str, str], servers: list[subprocess.Popen[bytes]], llm: ScriptedLLM
+    two_servers: tuple[str, str], servers: list[subprocess.Popen[bytes]], llm: ScriptedLLM, tmp_path: Path
 ) -> None:
     """A dies (SIGKILL) while its resume waits for the model: nothing of that turn is stored, the
     paused block is still there, and the same results sent to B complete the turn."""
@@ -179,4 +179,6 @@ async def test_a_server_killed_during_a_resume_leaves_the_conversation_resumable
     # A known rare failure (B's turn "failed"): say why first, before pytest shortens the message.
     asked = [r.last_user_text[:40] for r in llm.requests]
     why = f"B's turn {answered['status']}: {answered.get('error')}; {len(asked)} model requests: {asked}"
+    if answered["status"] == "failed":  # B's log says what broke (turn_crashed carries a traceback)
+        why += "\nserver B:\n" + (tmp_path / "server-b.log").read_text(errors="replace")[-6000:]
     assert answered["output"] == "Shipped.", why
