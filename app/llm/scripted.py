@@ -180,7 +180,12 @@ class ScriptedLLM:
         responder: Responder | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
+        private_path: bool = True,
     ) -> None:
+        """``private_path``: serve under a path of this instance's own (``/s<hex>/v1``), so that a
+        client of an earlier server that had this port (a test's server still retrying its model
+        call) is refused with a 404 instead of taking this server's replies."""
+        self.prefix = f"/s{secrets.token_hex(4)}" if private_path else ""
         self._queue: collections.deque[Reply] = collections.deque(_as_reply(r) for r in replies)
         self._responder = responder
         self._host = host
@@ -196,10 +201,11 @@ class ScriptedLLM:
 
     @property
     def base_url(self) -> str:
-        """`http://127.0.0.1:PORT/v1`, what a client takes as its base URL."""
+        """`http://127.0.0.1:PORT/s<hex>/v1` (`…:PORT/v1` without a private path), what a client
+        takes as its base URL."""
         if self._server is None:
             raise RuntimeError("ScriptedLLM is not running: call start() or use it as a context")
-        return f"http://{self._host}:{self._server.server_address[1]}/v1"
+        return f"http://{self._host}:{self._server.server_address[1]}{self.prefix}/v1"
 
     def script(self, *replies: str | Reply) -> None:
         """Append replies to the queue."""
@@ -327,15 +333,32 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         """Quiet: tests do not want an access log on stderr."""
 
+    def _route(self) -> str | None:
+        """The request's path below this server's own prefix; None (a 404 sent) when it is not
+        under it: a stale client of an earlier server on this port, which must take nothing."""
+        path = urlsplit(self.path).path
+        prefix = self.server.owner.prefix
+        if not path.startswith(prefix + "/"):
+            self._send_error(
+                404, f"scripted LLM: {path} is not under this server's {prefix}/", "not_found_error"
+            )
+            return None
+        return path[len(prefix) :]
+
     def do_GET(self) -> None:
-        if urlsplit(self.path).path == "/v1/models":
+        path = self._route()
+        if path is None:
+            return
+        if path == "/v1/models":
             self._send_json(200, {"object": "list", "data": [{"id": "scripted", "object": "model"}]})
         else:
             self._send_error(404, f"scripted LLM: no route GET {self.path}", "not_found_error")
 
     def do_POST(self) -> None:
-        path = urlsplit(self.path).path
         raw = self._read_body()
+        path = self._route()
+        if path is None:
+            return
         if path not in (CHAT_PATH, RESPONSES_PATH):
             self._send_error(404, f"scripted LLM: no route POST {path}", "not_found_error")
             return
@@ -795,7 +818,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     default_reply: str | None = args.default_reply
     responder = None if default_reply is None else _constant(default_reply)
-    server = ScriptedLLM(args.reply, responder=responder, host=args.host, port=args.port)
+    server = ScriptedLLM(args.reply, responder=responder, host=args.host, port=args.port, private_path=False)
     with server:
         print(f"scripted LLM serving at {server.base_url}", flush=True)
         with contextlib.suppress(KeyboardInterrupt):

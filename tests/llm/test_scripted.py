@@ -254,3 +254,20 @@ def test_base_url_needs_a_running_server() -> None:
     with llm:
         assert llm.base_url.startswith("http://127.0.0.1:")
         assert llm.base_url.endswith("/v1")
+
+
+def test_a_client_of_an_earlier_server_on_the_same_port_takes_nothing() -> None:
+    """Tests take free ports, so a port comes back: a server of an earlier test still retrying its
+    model call on it must not take the replies of the test that now listens there (it took one
+    in CI: the next test's turn then found the script exhausted and failed)."""
+    with ScriptedLLM(["for the earlier test"]) as earlier:
+        stale_url = earlier.base_url
+    port = int(stale_url.split(":")[2].split("/")[0])
+    with ScriptedLLM(["for this test"], port=port) as llm:
+        stale = httpx.post(f"{stale_url}/chat/completions", json={"model": "m", "messages": []})
+        assert stale.status_code == 404
+        assert llm.requests == []
+        reply = openai.OpenAI(base_url=llm.base_url, api_key="x").chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}]
+        )
+        assert reply.choices[0].message.content == "for this test"
