@@ -305,10 +305,13 @@ def _worker_uids(roots: list[int]) -> set[int]:
     """Host uids of the python worker processes below ``roots`` (not bubblewrap's own)."""
     uids = set()
     for pid in _descendants(roots):
-        with open(f"/proc/{pid}/status") as status:
-            fields = dict(line.split(":", 1) for line in status)
-        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-            argv = cmdline.read().split(b"\0")
+        try:
+            with open(f"/proc/{pid}/status") as status:
+                fields = dict(line.split(":", 1) for line in status)
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                argv = cmdline.read().split(b"\0")
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # gone since it was listed (a child being replaced): not a worker to check
         if argv[0].endswith(b"python") and b"app.runtime.worker" in argv:
             uids.add(int(fields["Uid"].split()[0]))
     return uids
