@@ -142,7 +142,7 @@ def main() -> None:
     parser.add_argument("--tasks", type=Path, required=True)
     args = parser.parse_args()
     responder = Responder(json.loads(args.tasks.read_text()))
-    with ScriptedLLM(responder=responder, port=args.port) as server:
+    with ScriptedLLM(responder=responder, port=args.port, private_path=False) as server:
         print(f"tau2 scripted model at {server.base_url}", flush=True)
         with contextlib.suppress(KeyboardInterrupt):
             threading.Event().wait()
