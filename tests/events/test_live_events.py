@@ -72,6 +72,8 @@ async def test_a_turn_on_a_is_watched_live_on_b_and_resumed_after_a_disconnect(
                 f"the first watcher {'left' if left else 'saw its stream end'} after "
                 f"{[(e['id'], e['event']) for e in seen]}; "
                 f"turn now: {state.get('status')} {state.get('error')}; lock (holder, pttl ms): {lock}; "
+                # Seen in CI: the turn ran 20 s after its POST and found the one reply taken already.
+                f"the model was asked {len(llm.requests)}x: {[r.last_user_text[:20] for r in llm.requests]}; "
                 "logs:\n" + "\n".join(logs)
             )
         assert rest[0]["id"] == str(int(last_id) + 1)
