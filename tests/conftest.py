@@ -43,6 +43,21 @@ def _asyncpg_dsn(url: str) -> str:
 @pytest.fixture(scope="session")
 async def postgres_url() -> AsyncIterator[str]:
     """A fresh, migrated PostgreSQL database for this test session, dropped at the end."""
+    async with _fresh_postgres() as url:
+        yield url
+
+
+@pytest.fixture
+async def own_postgres_url() -> AsyncIterator[str]:
+    """A fresh, migrated PostgreSQL database for one test: for ``sabre serve`` processes, whose job
+    workers would otherwise run what earlier tests left queued in the session's database (their
+    background turns, against this test's scripted model)."""
+    async with _fresh_postgres() as url:
+        yield url
+
+
+@asynccontextmanager
+async def _fresh_postgres() -> AsyncIterator[str]:
     if not PG_URL:
         _unavailable("PostgreSQL (SABRE_TEST_DATABASE_URL)")
     admin_dsn = _asyncpg_dsn(Settings(database_url=PG_URL).effective_database_url)

@@ -68,7 +68,7 @@ async def _ready(url: str) -> None:
 
 @pytest.fixture
 async def two_servers(
-    postgres_url: str,
+    own_postgres_url: str,
     redis_url: str,
     llm: ScriptedLLM,
     tmp_path: Path,
@@ -77,7 +77,7 @@ async def two_servers(
     env = {
         "PATH": os.environ["PATH"],
         "HOME": str(tmp_path),
-        "SABRE_DATABASE_URL": postgres_url,
+        "SABRE_DATABASE_URL": own_postgres_url,
         "SABRE_REDIS_URL": redis_url,
         "SABRE_DATA_DIR": str(tmp_path / "data"),
         "OPENAI_BASE_URL": llm.base_url,

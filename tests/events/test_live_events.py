@@ -87,7 +87,7 @@ async def test_a_turn_on_a_is_watched_live_on_b_and_resumed_after_a_disconnect(
 
 async def test_open_followers_hold_no_database_connection(
     two_servers: tuple[str, str],  # noqa: F811
-    postgres_url: str,
+    own_postgres_url: str,
     llm: ScriptedLLM,
 ) -> None:
     """An SSE follower holds nothing of the store while it waits (the request's transaction ended
@@ -107,7 +107,7 @@ async def test_open_followers_hold_no_database_connection(
             state = await http.get(f"{b}/v1/conversations/{conv}")
             assert state.status_code == 200, state.text
             assert time.monotonic() - started < 2
-            dsn = postgres_url.replace("postgresql+asyncpg://", "postgresql://")
+            dsn = own_postgres_url.replace("postgresql+asyncpg://", "postgresql://")
             admin = await asyncpg.connect(dsn)
             try:
                 idle = await admin.fetchval(
