@@ -313,11 +313,16 @@ class ConversationRepository:
     async def metadata_state(
         self, *, tenant: str, conversation_id: str
     ) -> tuple[dict[str, Any], datetime, int] | None:
-        """The stored ``(metadata, updated_at, version)`` as of now, for a compare-and-set update."""
+        """The stored ``(metadata, updated_at, version)`` as of now, for a compare-and-set update.
+
+        PostgreSQL locks the row until the transaction ends (``FOR UPDATE``), so concurrent
+        read-merge-writes queue instead of overtaking each other's reads: with many writers at once
+        the last one would otherwise lose every compare-and-set it tried. SQLite has no row locks
+        (its writers serialize on the database) and SQLAlchemy leaves the clause out there."""
         result = await self.session.execute(
-            select(Conversation.metadata_, Conversation.updated_at, Conversation.version).where(
-                Conversation.id == conversation_id, Conversation.tenant == tenant
-            )
+            select(Conversation.metadata_, Conversation.updated_at, Conversation.version)
+            .where(Conversation.id == conversation_id, Conversation.tenant == tenant)
+            .with_for_update()
         )
         row = result.first()
         return None if row is None else (dict(row[0] or {}), row[1], row[2])
