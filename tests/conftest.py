@@ -56,6 +56,14 @@ async def own_postgres_url() -> AsyncIterator[str]:
         yield url
 
 
+@pytest.fixture(scope="module")
+async def module_postgres_url() -> AsyncIterator[str]:
+    """A fresh, migrated PostgreSQL database for one module's ``sabre serve`` or ``sabre worker``
+    processes (see ``own_postgres_url``), when they are module-scoped fixtures."""
+    async with _fresh_postgres() as url:
+        yield url
+
+
 @asynccontextmanager
 async def _fresh_postgres() -> AsyncIterator[str]:
     if not PG_URL:
@@ -109,6 +117,15 @@ def store(request: pytest.FixtureRequest) -> dict[str, str | None]:
         "database_url": request.getfixturevalue("postgres_url"),
         "redis_url": request.getfixturevalue("redis_url"),
     }
+
+
+@pytest.fixture
+def served_store(store: dict[str, str | None], request: pytest.FixtureRequest) -> dict[str, str | None]:
+    """``store`` for tests that start ``sabre serve`` or ``sabre worker`` processes: on PostgreSQL a
+    database of the test's own (see ``own_postgres_url``); SQLite's job queue lives in the process."""
+    if store["redis_url"] is None:
+        return store
+    return {**store, "database_url": request.getfixturevalue("own_postgres_url")}
 
 
 @pytest.fixture

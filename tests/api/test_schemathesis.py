@@ -40,7 +40,7 @@ def server(
     store: dict[str, str | None] = {}
     if request.param == "postgres":
         store = {
-            "database_url": request.getfixturevalue("postgres_url"),
+            "database_url": request.getfixturevalue("module_postgres_url"),
             "redis_url": request.getfixturevalue("redis_url"),
         }
     with sabre_server(

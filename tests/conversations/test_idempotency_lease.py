@@ -296,7 +296,7 @@ async def serve(
 
 
 async def test_a_retry_succeeds_soon_after_the_server_is_killed(
-    store: dict[str, str | None], llm: ScriptedLLM, tmp_path: Path
+    served_store: dict[str, str | None], llm: ScriptedLLM, tmp_path: Path
 ) -> None:
     """A resume-like message turn with an Idempotency-Key; its server is SIGKILLed in the middle of the
     model call. Against a new server on the same store, the client's retries with the same key
@@ -308,7 +308,7 @@ async def test_a_retry_succeeds_soon_after_the_server_is_killed(
     env = {name: value for name, value in os.environ.items() if not name.startswith("SABRE_")}
     env.update(
         {
-            "SABRE_DATABASE_URL": str(store["database_url"]),
+            "SABRE_DATABASE_URL": str(served_store["database_url"]),
             "SABRE_DATA_DIR": str(tmp_path / "data"),
             "SABRE_API_KEYS": f"{tenant}:{api_key}",
             "SABRE_LOCK_LEASE_SECONDS": str(lease),
@@ -320,8 +320,8 @@ async def test_a_retry_succeeds_soon_after_the_server_is_killed(
             "OPENAI_API_KEY": "sk-test-secret-key",
         }
     )
-    if store["redis_url"]:
-        env["SABRE_REDIS_URL"] = store["redis_url"]
+    if served_store["redis_url"]:
+        env["SABRE_REDIS_URL"] = served_store["redis_url"]
     log = tmp_path / "servers.log"
     message = {"input": "and now?"}
     key = {"Idempotency-Key": f"resume-{secrets.token_hex(4)}", **auth}

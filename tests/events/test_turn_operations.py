@@ -183,7 +183,7 @@ async def _workers_beating(dsn: str, count: int, *, within: float = 45.0) -> Non
 
 @pytest.fixture(scope="module")
 async def deployment(
-    postgres_url: str, redis_url: str, model: ScriptedLLM, tmp_path_factory: pytest.TempPathFactory
+    module_postgres_url: str, redis_url: str, model: ScriptedLLM, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Deployment]:
     """Servers A and B (no job worker inside) and two ``sabre worker`` on PostgreSQL + Redis."""
     root = tmp_path_factory.mktemp("deployment")
@@ -191,7 +191,7 @@ async def deployment(
     env = {
         "PATH": os.environ["PATH"],
         "HOME": str(root),
-        "SABRE_DATABASE_URL": postgres_url,
+        "SABRE_DATABASE_URL": module_postgres_url,
         "SABRE_REDIS_URL": redis_url,
         "SABRE_DATA_DIR": str(root / "data"),  # shared, like a volume (blocks' files are found here)
         "SABRE_API_KEYS": keys,
@@ -210,7 +210,7 @@ async def deployment(
     }
     logs = root / "logs"
     logs.mkdir()
-    dsn = postgres_url.replace("postgresql+asyncpg://", "postgresql://")
+    dsn = module_postgres_url.replace("postgresql+asyncpg://", "postgresql://")
     a, b = _free_port(), _free_port()
     with ExitStack() as stack:
         found = Deployment(

@@ -290,14 +290,18 @@ async def test_sabre_serve_on_sqlite_delivers_with_its_own_worker(
 
 @pytest.mark.parametrize("store", ["postgres"], indirect=True)
 async def test_sabre_worker_delivers_what_the_api_scheduled(
-    make_client: AppFactory, postgres_url: str, llm: ScriptedLLM, receiver: Receiver, tmp_path: Path
+    make_client: AppFactory, own_postgres_url: str, llm: ScriptedLLM, receiver: Receiver, tmp_path: Path
 ) -> None:
     """With SABRE_WORKER_IN_SERVE off the API only queues the webhook; `sabre worker` (another
     process, the same store, so the same tenant secret) delivers it, and stops cleanly on SIGTERM."""
-    env = worker_env(database_url=postgres_url, llm=llm, tmp_path=tmp_path, SABRE_WEBHOOK_ALLOW="127.0.0.1")
+    env = worker_env(
+        database_url=own_postgres_url, llm=llm, tmp_path=tmp_path, SABRE_WEBHOOK_ALLOW="127.0.0.1"
+    )
     log = tmp_path / "worker.log"
     llm.script("Queued for a worker.")
-    async with make_client(worker_in_serve=False, webhook_allow="127.0.0.1") as client:
+    async with make_client(
+        worker_in_serve=False, webhook_allow="127.0.0.1", database_url=own_postgres_url
+    ) as client:
         response = await client.post(
             "/v1/conversations", json={"input": "hi", "webhook_url": f"{receiver.url}/worker"}
         )

@@ -103,11 +103,11 @@ async def test_the_worker_of_the_api_process_runs_jobs(make_client: AppFactory, 
 
 @pytest.mark.parametrize("store", ["postgres"], indirect=True)
 async def test_a_job_the_api_defers_runs_on_sabre_worker(
-    make_client: AppFactory, postgres_url: str, llm: ScriptedLLM, tmp_path: Path
+    make_client: AppFactory, own_postgres_url: str, llm: ScriptedLLM, tmp_path: Path
 ) -> None:
     marker, log = tmp_path / "runs.txt", tmp_path / "worker.log"
-    env = worker_env(database_url=postgres_url, llm=llm, tmp_path=tmp_path)
-    async with make_client(worker_in_serve=False) as client:
+    env = worker_env(database_url=own_postgres_url, llm=llm, tmp_path=tmp_path)
+    async with make_client(worker_in_serve=False, database_url=own_postgres_url) as client:
         with process(["-m", "tests.kit.job_worker"], env=env, log=log) as worker:
             await defer(client.app.state.jobs, "test_marker", queue="turns", path=str(marker))  # type: ignore[attr-defined]
             await eventually(
@@ -122,17 +122,17 @@ async def test_a_job_the_api_defers_runs_on_sabre_worker(
 
 @pytest.mark.parametrize("store", ["postgres"], indirect=True)
 async def test_a_job_of_a_killed_worker_runs_again_on_another(
-    make_client: AppFactory, postgres_url: str, llm: ScriptedLLM, tmp_path: Path
+    make_client: AppFactory, own_postgres_url: str, llm: ScriptedLLM, tmp_path: Path
 ) -> None:
     marker, log = tmp_path / "runs.txt", tmp_path / "worker.log"
     env = worker_env(
-        database_url=postgres_url,
+        database_url=own_postgres_url,
         llm=llm,
         tmp_path=tmp_path,
         SABRE_JOBS_STALLED_SECONDS="2",
         SABRE_JOBS_STALLED_CHECK_SECONDS="1",
     )
-    async with make_client(worker_in_serve=False) as client:
+    async with make_client(worker_in_serve=False, database_url=own_postgres_url) as client:
         with process(["-m", "tests.kit.job_worker"], env=env, log=log) as first:
             await defer(
                 client.app.state.jobs,  # type: ignore[attr-defined]
@@ -160,19 +160,19 @@ async def test_a_job_of_a_killed_worker_runs_again_on_another(
 
 @pytest.mark.parametrize("store", ["postgres"], indirect=True)
 async def test_sigterm_puts_a_running_job_back_for_another_worker(
-    make_client: AppFactory, postgres_url: str, llm: ScriptedLLM, tmp_path: Path
+    make_client: AppFactory, own_postgres_url: str, llm: ScriptedLLM, tmp_path: Path
 ) -> None:
     """A worker asked to stop gives its job the grace period, then puts it back on the queue: the
     next worker runs it at once, long before a stall would have been noticed (60 s here)."""
     marker, log = tmp_path / "runs.txt", tmp_path / "worker.log"
     env = worker_env(
-        database_url=postgres_url,
+        database_url=own_postgres_url,
         llm=llm,
         tmp_path=tmp_path,
         SABRE_WORKER_SHUTDOWN_SECONDS="0.5",
         SABRE_JOBS_STALLED_SECONDS="60",
     )
-    async with make_client(worker_in_serve=False) as client:
+    async with make_client(worker_in_serve=False, database_url=own_postgres_url) as client:
         with process(["-m", "tests.kit.job_worker"], env=env, log=log) as first:
             await defer(
                 client.app.state.jobs,  # type: ignore[attr-defined]

@@ -279,7 +279,7 @@ async def served(env: dict[str, str], log: Path) -> AsyncIterator[httpx.AsyncCli
 
 
 async def test_every_process_logs_json_lines_with_the_request_id(
-    store: dict[str, str | None], llm: ScriptedLLM, tmp_path: Path
+    served_store: dict[str, str | None], llm: ScriptedLLM, tmp_path: Path
 ) -> None:
     """Two server processes; a waited, a streamed and a background turn (a job: on PostgreSQL
     through the job queue). Every line is one JSON object; the access log has the route template,
@@ -296,9 +296,9 @@ async def test_every_process_logs_json_lines_with_the_request_id(
         "SABRE_API_KEYS": "acme:key-acme",
         "SABRE_METRICS_PORT": str(metrics_port := free_port()),
     }
-    if store["redis_url"]:
-        env["SABRE_DATABASE_URL"] = str(store["database_url"])
-        env["SABRE_REDIS_URL"] = str(store["redis_url"])
+    if served_store["redis_url"]:
+        env["SABRE_DATABASE_URL"] = str(served_store["database_url"])
+        env["SABRE_REDIS_URL"] = str(served_store["redis_url"])
     # else: an embedded store of its own in the data directory, not the file this process's tests use
     log = tmp_path / "serve.log"
     llm.script("one", "two", "three")

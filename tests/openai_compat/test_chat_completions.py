@@ -70,7 +70,7 @@ def store(request: pytest.FixtureRequest) -> dict[str, str]:
     if request.param == "sqlite":
         return {}
     return {
-        "SABRE_DATABASE_URL": request.getfixturevalue("postgres_url"),
+        "SABRE_DATABASE_URL": request.getfixturevalue("module_postgres_url"),
         "SABRE_REDIS_URL": request.getfixturevalue("redis_url"),
     }
 
