@@ -503,7 +503,8 @@ class ConversationService:
         if not new:
             seen_version = conversation.version
             try:
-                holder = await self.locks.acquire(conversation.id, turn_id=turn_id)
+                with tracing.span("lock.acquire"):
+                    holder = await self.locks.acquire(conversation.id, turn_id=turn_id)
             except BaseException:
                 await self._release_place(conversation.tenant, turn_id, held=limited)
                 raise
@@ -518,49 +519,51 @@ class ConversationService:
         try:
             history: list[StoredMessage] = []
             next_seq = 1
-            if not new:
-                # What we read before taking the lock may be stale: another turn may have finished.
-                state = await self.repo.turn_state(conversation_id=conversation.id, now=utcnow())
-                if state is None or state.version != seen_version:
-                    raise Conflict(
-                        "The conversation changed while this request waited; read it again and retry.",
-                        extra={"current": {"version": seen_version + 1}},
+            # Phase 1: check the state under the lock, read the history, store the turn as running.
+            with tracing.span("turn.prepare"):
+                if not new:
+                    # What we read before taking the lock may be stale: another turn may have finished.
+                    state = await self.repo.turn_state(conversation_id=conversation.id, now=utcnow())
+                    if state is None or state.version != seen_version:
+                        raise Conflict(
+                            "The conversation changed while this request waited; read it again and retry.",
+                            extra={"current": {"version": seen_version + 1}},
+                        )
+                    if state.active_turn:
+                        # A detached turn whose lock lapsed while it waited in the queue still counts.
+                        raise TurnRunning(
+                            "A turn is queued or running on this conversation; retry when it has finished."
+                        )
+                    next_seq = state.last_event_seq + 1
+                if delivery != "wait":
+                    turn = await self._start_detached(
+                        conversation,
+                        turn_id=turn_id,
+                        new_messages=new_messages,
+                        resume=resume,
+                        idempotency=idempotency,
+                        next_seq=next_seq,
+                        new=new,
+                        background=delivery == "background",
+                        status_code=status_code,
                     )
-                if state.active_turn:
-                    # A detached turn whose lock lapsed while it waited in the queue still counts.
-                    raise TurnRunning(
-                        "A turn is queued or running on this conversation; retry when it has finished."
-                    )
-                next_seq = state.last_event_seq + 1
-            if delivery != "wait":
-                turn = await self._start_detached(
-                    conversation,
+                    detached = True  # the lock now belongs to the detached turn
+                    return turn
+                recorder = TurnRecorder(
+                    conversation_id=conversation.id,
                     turn_id=turn_id,
-                    new_messages=new_messages,
-                    resume=resume,
-                    idempotency=idempotency,
                     next_seq=next_seq,
-                    new=new,
-                    background=delivery == "background",
-                    status_code=status_code,
+                    bus=self.control.bus if self.control is not None else None,
+                    sessionmaker=None if new else self.sessionmaker,
+                    flush_interval=self.settings.events_flush_seconds,
                 )
-                detached = True  # the lock now belongs to the detached turn
-                return turn
-            recorder = TurnRecorder(
-                conversation_id=conversation.id,
-                turn_id=turn_id,
-                next_seq=next_seq,
-                bus=self.control.bus if self.control is not None else None,
-                sessionmaker=None if new else self.sessionmaker,
-                flush_interval=self.settings.events_flush_seconds,
-            )
-            _record_start(recorder, turn_id=turn_id, new_messages=new_messages, resume=resume)
-            if not new:
-                history = await self.repo.history(conversation_id=conversation.id)
-                self.session.add(self._turn_row(conversation, turn_id=turn_id, status="running"))
-            # Phase 1 ends: release the connection while the model and the sandbox work (a new
-            # conversation wrote nothing yet, but the request may have read, e.g. its API key).
-            await self.session.commit()
+                _record_start(recorder, turn_id=turn_id, new_messages=new_messages, resume=resume)
+                if not new:
+                    history = await self.repo.history(conversation_id=conversation.id)
+                    self.session.add(self._turn_row(conversation, turn_id=turn_id, status="running"))
+                # Phase 1 ends: release the connection while the model and the sandbox work (a new
+                # conversation wrote nothing yet, but the request may have read, e.g. its API key).
+                await self.session.commit()
             outcome = await self._watched_loop(
                 conversation,
                 turn_id=turn_id,
@@ -570,19 +573,20 @@ class ConversationService:
                 recorder=recorder,
                 watch=not new,
             )
-            if new:
-                self.repo.add(conversation)
-            turn, rows = await self._persist(
-                conversation, turn_id=turn_id, outcome=outcome, recorder=recorder, new=new
-            )
-            if idempotency is not None:
-                await idempotency.complete(
-                    self.session, status_code=status_code, body=turn.model_dump(mode="json")
+            with tracing.span("turn.persist"):
+                if new:
+                    self.repo.add(conversation)
+                turn, rows = await self._persist(
+                    conversation, turn_id=turn_id, outcome=outcome, recorder=recorder, new=new
                 )
-            if self.on_stored is not None:
-                await self.on_stored(turn)
-            # Commit before the lock is released: the next turn must see this one's state.
-            await self.session.commit()
+                if idempotency is not None:
+                    await idempotency.complete(
+                        self.session, status_code=status_code, body=turn.model_dump(mode="json")
+                    )
+                if self.on_stored is not None:
+                    await self.on_stored(turn)
+                # Commit before the lock is released: the next turn must see this one's state.
+                await self.session.commit()
         except BaseException:
             if not detached and recorder is not None:
                 await recorder.close()
@@ -596,8 +600,10 @@ class ConversationService:
             if not detached:
                 await self._release_place(conversation.tenant, turn_id, held=limited)
                 if not new:
-                    await self.locks.release(conversation.id, turn_id=turn_id)
-        await self._ended(conversation, turn, rows=rows, recorder=recorder)
+                    with tracing.span("lock.release"):
+                        await self.locks.release(conversation.id, turn_id=turn_id)
+        with tracing.span("turn.publish"):
+            await self._ended(conversation, turn, rows=rows, recorder=recorder)
         self._count(conversation, turn, started=started)
         return turn
 

@@ -152,7 +152,7 @@ def otlp_receiver() -> Iterator[tuple[str, list[Any]]]:
 async def test_spans_are_exported_when_configured(
     make_client: AppFactory, llm: ScriptedLLM, store: dict[str, str | None]
 ) -> None:
-    llm.script(block("up = llm_call(['hello'], 'Uppercase it')\nprint(up)"), "HELLO", "Done.")
+    llm.script(block("up = llm_call(['hello'], 'Uppercase it')\nprint(up)"), "HELLO", "Done.", "Again.")
     traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     with otlp_receiver() as (endpoint, spans):
         async with make_client(tracing_endpoint=endpoint) as client:
@@ -160,13 +160,16 @@ async def test_spans_are_exported_when_configured(
                 "/v1/conversations", json={"input": "shout"}, headers={"traceparent": traceparent}
             )
             assert response.json()["status"] == "completed", response.text
+            url = f"/v1/conversations/{response.json()['conversation_id']}/messages"
+            again = await client.post(url, json={"input": "again"})
+            assert again.json()["output"] == "Again.", again.text
         # The lifespan's end flushed them.
     by_id = {span.span_id: span for span in spans}
     names = [span.name for span in spans]
     for expected in ("POST /v1/conversations", "turn", "iteration", "llm.call", "block", "helper"):
         assert expected in names, names
     assert any(name.startswith("store ") for name in names), names
-    assert names.count("iteration") == 2
+    assert names.count("iteration") == 3  # the block, the answer; the message's answer
 
     def ancestors(span: Any) -> list[str]:
         chain = []
@@ -178,13 +181,22 @@ async def test_spans_are_exported_when_configured(
     root = next(span for span in spans if span.name == "POST /v1/conversations")
     assert root.trace_id.hex() == "0af7651916cd43dd8448eb211c80319c"  # the caller's trace goes on
     # Background work (the recovery sweep, the job worker's polls) makes traces of its own.
-    others = {span.name for span in spans if span.trace_id != root.trace_id}
+    message = next(span for span in spans if span.name == "POST /v1/conversations/{conversation_id}/messages")
+    requests = {root.trace_id, message.trace_id}  # the message came without a traceparent
+    others = {span.name for span in spans if span.trace_id not in requests}
     assert others <= {name for name in names if name.startswith("store ")}, others
-    assert all(span.trace_id == root.trace_id for span in spans if not span.name.startswith("store "))
+    assert all(span.trace_id in requests for span in spans if not span.name.startswith("store "))
     helper = next(span for span in spans if span.name == "helper")
     assert ancestors(helper)[:4] == ["block", "iteration", "turn", "POST /v1/conversations"]
     for call in (span for span in spans if span.name == "llm.call"):
         assert ancestors(call)[:2] in (["iteration", "turn"], ["helper", "block"])
+    # A turn's phases around the loop (bench/turn_phases.py reads them): each request's own.
+    for name, count in (("turn.prepare", 2), ("turn.persist", 2), ("turn.publish", 2), ("lock.acquire", 1)):
+        phases = [span for span in spans if span.name == name]
+        assert len(phases) == count, (name, names)
+        assert {by_id[span.parent_span_id].name for span in phases} <= {root.name, message.name}, name
+    lock = next(span for span in spans if span.name == "lock.release")
+    assert by_id[lock.parent_span_id] is message
 
 
 async def test_the_standard_otel_variables_turn_tracing_on_and_a_background_turn_continues_the_trace(

@@ -1,0 +1,142 @@
+"""The turn's hot-path reads (prebuilt statements with named parameters) on both stores: a lease
+compared with ``now`` as the column's type (SQLite stores datetimes as text), the last event seq,
+the history in order, another tenant's id as no conversation."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import timedelta
+
+import pytest
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.conversations.repository import ConversationRepository
+from app.kit.clock import utcnow
+from app.kit.db import create_engine, create_sessionmaker
+from app.kit.ids import new_id
+from app.models import Conversation, Event, Message, Turn
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def url(request: pytest.FixtureRequest) -> str:
+    return str(request.getfixturevalue({"sqlite": "sqlite_url", "postgres": "postgres_url"}[request.param]))
+
+
+@pytest.fixture
+async def session(url: str) -> AsyncIterator[AsyncSession]:
+    engine = create_engine(url)
+    try:
+        async with create_sessionmaker(engine)() as session:
+            yield session
+    finally:
+        await engine.dispose()
+
+
+def _conversation(tenant: str) -> Conversation:
+    now = utcnow()
+    return Conversation(
+        id=new_id("conv"),
+        tenant=tenant,
+        persona="default",
+        max_iterations=5,
+        tools=[],
+        status="idle",
+        version=3,
+        next_seq=0,
+        input_tokens=0,
+        output_tokens=0,
+        llm_calls=0,
+        iterations=0,
+        created_at=now,
+        updated_at=now,
+    )
+
+
+def _turn(conversation_id: str, *, status: str, lease: timedelta | None) -> Turn:
+    now = utcnow()
+    return Turn(
+        id=new_id("turn"),
+        conversation_id=conversation_id,
+        status=status,
+        background=True,
+        version=0,
+        lease_owner="w" if lease is not None else None,
+        lease_expires_at=now + lease if lease is not None else None,
+        created_at=now,
+        started_at=now,
+    )
+
+
+async def test_turn_state_sees_live_leases_and_not_lapsed_ones(session: AsyncSession) -> None:
+    repo = ConversationRepository(session)
+    conversation = _conversation("t")
+    session.add(conversation)
+    await session.flush()
+    now = utcnow()
+    state = await repo.turn_state(conversation_id=conversation.id, now=now)
+    assert state is not None
+    assert (state.version, state.last_event_seq, state.active_turn) == (3, 0, False)
+
+    # A running turn whose lease lapsed a second ago does not hold the conversation.
+    session.add(_turn(conversation.id, status="running", lease=timedelta(seconds=-1)))
+    await session.flush()
+    state = await repo.turn_state(conversation_id=conversation.id, now=utcnow())
+    assert state is not None
+    assert not state.active_turn
+    # One whose lease runs a second more does (compared within the same second, to the microsecond).
+    live = _turn(conversation.id, status="running", lease=timedelta(seconds=1))
+    session.add(live)
+    await session.flush()
+    state = await repo.turn_state(conversation_id=conversation.id, now=utcnow())
+    assert state is not None
+    assert state.active_turn
+    assert live.lease_expires_at is not None
+    later = await repo.turn_state(
+        conversation_id=conversation.id, now=live.lease_expires_at + timedelta(microseconds=1)
+    )
+    assert later is not None
+    assert not later.active_turn
+
+    session.add(
+        Event(
+            id=new_id("evt"),
+            conversation_id=conversation.id,
+            seq=7,
+            turn_id="turn_x",
+            type="x",
+            data={},
+            created_at=now,
+        )
+    )
+    await session.flush()
+    state = await repo.turn_state(conversation_id=conversation.id, now=now)
+    assert state is not None
+    assert state.last_event_seq == 7
+    assert await repo.turn_state(conversation_id=new_id("conv"), now=now) is None
+    await session.rollback()
+
+
+async def test_history_is_in_order_and_get_is_per_tenant(session: AsyncSession) -> None:
+    repo = ConversationRepository(session)
+    conversation = _conversation("t")
+    session.add(conversation)
+    await session.flush()
+    now = utcnow()
+    for seq, role in ((2, "assistant"), (1, "user")):
+        session.add(
+            Message(
+                id=new_id("msg"),
+                conversation_id=conversation.id,
+                seq=seq,
+                turn_id="turn_x",
+                role=role,
+                parts=[{"type": "text", "text": str(seq)}],
+                created_at=now,
+            )
+        )
+    await session.flush()
+    history = await repo.history(conversation_id=conversation.id)
+    assert [role for role, _ in history] == ["user", "assistant"]
+    assert await repo.get(tenant="t", conversation_id=conversation.id) is conversation
+    assert await repo.get(tenant="other", conversation_id=conversation.id) is None
+    await session.rollback()
