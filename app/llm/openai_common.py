@@ -138,7 +138,10 @@ class OpenAICompatibleClient(ABC):
             base_url=base_url,
             timeout=openai.Timeout(timeout, connect=min(timeout, _MAX_CONNECT_TIMEOUT)),
             max_retries=0,  # ours are the only retries: see the module docstring
-            http_client=openai.DefaultAsyncHttpxClient(verify=_tls_context()),
+            # The SDK's aiohttp transport: the same API, errors and proxies from the environment,
+            # at about half the CPU of its default httpx transport per streamed completion
+            # (1.34-1.54 -> 0.88-0.91 ms against a local server, 1.6-3.0 -> 1.2 ms wall).
+            http_client=openai.DefaultAioHttpClient(verify=_tls_context()),
         )
         self._where = _redact_url(str(self._client.base_url))
 
