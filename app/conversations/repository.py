@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from sqlalchemy import (
     BindParameter,
     ColumnElement,
     Table,
+    Update,
     and_,
     bindparam,
     delete,
@@ -225,12 +227,9 @@ class ConversationRepository:
     async def finish_turn(self, *, turn_id: str, values: Mapping[str, Any]) -> Turn | None:
         """Store a started turn's outcome in one statement (no read first); returns the row as stored
         (what others may have set meanwhile, such as a cancel request, included), None if it is gone."""
+        params = {f"new_{key}": value for key, value in values.items()}
         result = await self.session.execute(
-            update(Turn)
-            .where(Turn.id == turn_id)
-            .values(**values)
-            .returning(*Turn.__table__.columns)
-            .execution_options(synchronize_session=False)
+            _finish_turn(tuple(values)), {"finished_turn_id": turn_id, **params}
         )
         row = result.one_or_none()
         return None if row is None else Turn(**row._asdict())
@@ -412,3 +411,16 @@ _TURN_STATE = select(
     select(Turn.id).where(Turn.conversation_id == _ID, _live_turn(bindparam("now"))).exists(),
 ).where(Conversation.id == _ID)
 _HISTORY = select(Message.role, Message.parts).where(Message.conversation_id == _ID).order_by(Message.seq)
+
+
+@functools.cache
+def _finish_turn(columns: tuple[str, ...]) -> Update:
+    """``finish_turn``'s statement for one set of columns, built once (``new_<column>`` parameters:
+    a parameter may not bear a column's name in an UPDATE's SET)."""
+    return (
+        update(Turn)
+        .where(Turn.id == bindparam("finished_turn_id"))
+        .values({column: bindparam(f"new_{column}") for column in columns})
+        .returning(*Turn.__table__.columns)
+        .execution_options(synchronize_session=False)
+    )

@@ -140,3 +140,39 @@ async def test_history_is_in_order_and_get_is_per_tenant(session: AsyncSession) 
     assert await repo.get(tenant="t", conversation_id=conversation.id) is conversation
     assert await repo.get(tenant="other", conversation_id=conversation.id) is None
     await session.rollback()
+
+
+async def test_finish_turn_stores_each_column_as_its_type(session: AsyncSession) -> None:
+    """The prebuilt UPDATE's parameters take their columns' types: JSON objects and lists come
+    back as such, datetimes as datetimes, None as NULL, on both stores; a gone turn is None."""
+    repo = ConversationRepository(session)
+    conversation = _conversation("t")
+    session.add(conversation)
+    turn = _turn(conversation.id, status="running", lease=timedelta(seconds=30))
+    session.add(turn)
+    await session.flush()
+    finished_at = utcnow()
+    values = {
+        "status": "failed",
+        "output": "partial ✓",
+        "error": {"code": "x", "message": "it broke", "retryable": False},
+        "usage": {"input_tokens": 3, "output_tokens": 4, "llm_calls": 1, "iterations": 1},
+        "warnings": ["w1", {"k": [1, 2]}],
+        "version": 4,
+        "finished_at": finished_at,
+        "lease_owner": None,
+        "lease_expires_at": None,
+    }
+    row = await repo.finish_turn(turn_id=turn.id, values=values)
+    assert row is not None
+    assert await repo.finish_turn(turn_id=new_id("turn"), values=values) is None
+    session.expunge_all()
+    stored = await session.get(Turn, turn.id)
+    assert stored is not None
+    for found in (row, stored):
+        assert {key: getattr(found, key) for key in values if key != "finished_at"} == {
+            key: value for key, value in values.items() if key != "finished_at"
+        }
+        assert found.finished_at is not None
+        assert found.finished_at.replace(tzinfo=None) == finished_at.replace(tzinfo=None)
+    await session.rollback()
