@@ -11,10 +11,9 @@ import pytest
 import redis.asyncio as aioredis
 
 from app.conversations.locks import ConversationLocks, DatabaseLocks, RedisLocks
-from app.kit.clock import utcnow
 from app.kit.db import create_engine, create_sessionmaker
 from app.kit.ids import new_id
-from app.models import Conversation
+from tests.conversations.rows import conversation_row
 
 LEASE = 0.6
 
@@ -39,23 +38,7 @@ async def locks(where: tuple[str, str]) -> AsyncIterator[tuple[ConversationLocks
         return
     engine = create_engine(url)
     sessionmaker = create_sessionmaker(engine)
-    now = utcnow()
-    conversation = Conversation(
-        id=new_id("conv"),
-        tenant="t",
-        persona="default",
-        max_iterations=5,
-        tools=[],
-        status="idle",
-        version=0,
-        next_seq=0,
-        input_tokens=0,
-        output_tokens=0,
-        llm_calls=0,
-        iterations=0,
-        created_at=now,
-        updated_at=now,
-    )
+    conversation = conversation_row()
     async with sessionmaker() as session, session.begin():
         session.add(conversation)
     try:

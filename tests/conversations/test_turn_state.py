@@ -14,7 +14,8 @@ from app.conversations.repository import ConversationRepository
 from app.kit.clock import utcnow
 from app.kit.db import create_engine, create_sessionmaker
 from app.kit.ids import new_id
-from app.models import Conversation, Event, Message, Turn
+from app.models import Event, Message, Turn
+from tests.conversations.rows import conversation_row
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -30,26 +31,6 @@ async def session(url: str) -> AsyncIterator[AsyncSession]:
             yield session
     finally:
         await engine.dispose()
-
-
-def _conversation(tenant: str) -> Conversation:
-    now = utcnow()
-    return Conversation(
-        id=new_id("conv"),
-        tenant=tenant,
-        persona="default",
-        max_iterations=5,
-        tools=[],
-        status="idle",
-        version=3,
-        next_seq=0,
-        input_tokens=0,
-        output_tokens=0,
-        llm_calls=0,
-        iterations=0,
-        created_at=now,
-        updated_at=now,
-    )
 
 
 def _turn(conversation_id: str, *, status: str, lease: timedelta | None) -> Turn:
@@ -69,7 +50,7 @@ def _turn(conversation_id: str, *, status: str, lease: timedelta | None) -> Turn
 
 async def test_turn_state_sees_live_leases_and_not_lapsed_ones(session: AsyncSession) -> None:
     repo = ConversationRepository(session)
-    conversation = _conversation("t")
+    conversation = conversation_row("t", version=3)
     session.add(conversation)
     await session.flush()
     now = utcnow()
@@ -118,7 +99,7 @@ async def test_turn_state_sees_live_leases_and_not_lapsed_ones(session: AsyncSes
 
 async def test_history_is_in_order_and_get_is_per_tenant(session: AsyncSession) -> None:
     repo = ConversationRepository(session)
-    conversation = _conversation("t")
+    conversation = conversation_row("t", version=3)
     session.add(conversation)
     await session.flush()
     now = utcnow()
@@ -146,7 +127,7 @@ async def test_finish_turn_stores_each_column_as_its_type(session: AsyncSession)
     """The prebuilt UPDATE's parameters take their columns' types: JSON objects and lists come
     back as such, datetimes as datetimes, None as NULL, on both stores; a gone turn is None."""
     repo = ConversationRepository(session)
-    conversation = _conversation("t")
+    conversation = conversation_row("t", version=3)
     session.add(conversation)
     turn = _turn(conversation.id, status="running", lease=timedelta(seconds=30))
     session.add(turn)
