@@ -239,6 +239,21 @@ def clean_env(**overrides: str) -> dict[str, str]:
     return env
 
 
+def sabre_env(*, dsn: str, llm: ScriptedLLM, data_dir: Path, **overrides: str) -> dict[str, str]:
+    """``sabre serve``'s environment for a bench: PostgreSQL + Redis, the scripted model over Chat
+    Completions, ``data_dir``, plus ``overrides``."""
+    return clean_env(
+        SABRE_DATABASE_URL=dsn,
+        SABRE_REDIS_URL=REDIS_URL,
+        OPENAI_BASE_URL=llm.base_url,
+        OPENAI_API_KEY="sk-bench",
+        SABRE_LLM_API="chat",
+        SABRE_MODEL="scripted-model",
+        SABRE_DATA_DIR=str(data_dir),
+        **overrides,
+    )
+
+
 def launch(name: str, argv: list[str], env: dict[str, str], port: int, logdir: Path) -> Server:
     log = logdir / f"{name}.log"
     with log.open("wb") as sink:
@@ -1039,19 +1054,15 @@ async def run(
         llm.start()
         tmpdir = Path(tmp.name)
         sabre_port, floor_port, lg_port = free_port(), free_port(), free_port()
-        sabre_env = clean_env(
-            SABRE_DATABASE_URL=dsn,
-            SABRE_REDIS_URL=REDIS_URL,
-            OPENAI_BASE_URL=llm.base_url,
-            OPENAI_API_KEY="sk-bench",
-            SABRE_LLM_API="chat",
-            SABRE_MODEL="scripted-model",
+        served_env = sabre_env(
+            dsn=dsn,
+            llm=llm,
+            data_dir=tmpdir / "data",
             SABRE_RUNTIME_WORKERS=str(runtime_workers),
-            SABRE_DATA_DIR=str(tmpdir / "data"),
             HOME=str(tmpdir),
         )
         if live_processes is not None:
-            sabre_env["SABRE_RUNTIME_LIVE_PROCESSES"] = str(live_processes)
+            served_env["SABRE_RUNTIME_LIVE_PROCESSES"] = str(live_processes)
         lg_env = clean_env(
             LANGGRAPH_DATABASE_URL=lg_dsn,
             OPENAI_BASE_URL=llm.base_url,
@@ -1062,7 +1073,7 @@ async def run(
         )
         sabre_argv = [sys.executable, "-m", "app.cli", "serve", "--port", str(sabre_port)]
         sabre_argv += ["--workers", str(web_workers)]
-        servers.append(launch("sabre", sabre_argv, sabre_env, sabre_port, tmpdir))
+        servers.append(launch("sabre", sabre_argv, served_env, sabre_port, tmpdir))
         servers.append(
             launch(
                 "floor",

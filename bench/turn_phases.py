@@ -43,12 +43,11 @@ from app.kit.migrate import upgrade
 from app.llm.scripted import ScriptedLLM
 from bench.service_bench import (
     ADMIN_DSN,
-    REDIS_URL,
     Bench,
     Responder,
-    clean_env,
     free_port,
     launch,
+    sabre_env,
     table,
     wait_ready,
 )
@@ -203,14 +202,10 @@ async def run(conversations: int) -> None:
         await upgrade("postgresql+asyncpg://" + dsn.split("://", 1)[1])
         llm.start()
         port = free_port()
-        env = clean_env(
-            SABRE_DATABASE_URL=dsn,
-            SABRE_REDIS_URL=REDIS_URL,
-            OPENAI_BASE_URL=llm.base_url,
-            OPENAI_API_KEY="sk-bench",
-            SABRE_LLM_API="chat",
-            SABRE_MODEL="scripted-model",
-            SABRE_DATA_DIR=str(Path(tmp.name) / "data"),
+        env = sabre_env(
+            dsn=dsn,
+            llm=llm,
+            data_dir=Path(tmp.name) / "data",
             SABRE_TRACING_ENDPOINT=receiver.url,
             HOME=tmp.name,
         )
