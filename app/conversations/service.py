@@ -553,7 +553,9 @@ class ConversationService:
                     conversation_id=conversation.id,
                     turn_id=turn_id,
                     next_seq=next_seq,
-                    bus=self.control.bus if self.control is not None else None,
+                    # Nobody can watch a conversation whose id only this response will tell: its
+                    # events go to the store alone (a Redis round trip and their JSON saved).
+                    bus=self.control.bus if self.control is not None and not new else None,
                     sessionmaker=None if new else self.sessionmaker,
                     flush_interval=self.settings.events_flush_seconds,
                 )
