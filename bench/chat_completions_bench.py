@@ -49,15 +49,14 @@ from app.llm.scripted import ScriptedLLM
 from bench.service_bench import (
     ADMIN_DSN,
     GET_ORDER,
-    REDIS_URL,
     Responder,
     Server,
-    clean_env,
     free_port,
     launch,
     ms,
     pct,
     ratio,
+    sabre_env,
     table,
     wait_ready,
 )
@@ -192,15 +191,11 @@ async def run(quick: bool, *, runtime_workers: int) -> None:
         llm.start()
         tmpdir = Path(tmp.name)
         port = free_port()
-        env = clean_env(
-            SABRE_DATABASE_URL=dsn,
-            SABRE_REDIS_URL=REDIS_URL,
-            OPENAI_BASE_URL=llm.base_url,
-            OPENAI_API_KEY="sk-bench",
-            SABRE_LLM_API="chat",
-            SABRE_MODEL="scripted-model",
+        env = sabre_env(
+            dsn=dsn,
+            llm=llm,
+            data_dir=tmpdir / "data",
             SABRE_RUNTIME_WORKERS=str(runtime_workers),
-            SABRE_DATA_DIR=str(tmpdir / "data"),
             HOME=str(tmpdir),
         )
         server = launch(

@@ -87,6 +87,7 @@ from bench.service_bench import (
     ms,
     pct,
     ratio,
+    sabre_env,
     table,
     wait_ready,
 )
@@ -148,9 +149,9 @@ class SendTimes:
     def install(self) -> None:
         original, watched = self._original, self._watched
 
-        def timed(text: str, **kwargs: Any) -> Iterator[bytes]:
+        def timed(text: str, *args: Any, **kwargs: Any) -> Iterator[bytes]:
             stamps = watched.get(text)
-            for event in original(text, **kwargs):
+            for event in original(text, *args, **kwargs):
                 if stamps is not None:
                     stamps.append(time.perf_counter())
                 yield event
@@ -1295,15 +1296,11 @@ async def run(quick: bool, *, runtime_workers: int) -> None:
         times.install()
         llm.start()
         tmpdir = Path(tmp.name)
-        env = clean_env(
-            SABRE_DATABASE_URL=dsn,
-            SABRE_REDIS_URL=REDIS_URL,
-            OPENAI_BASE_URL=llm.base_url,
-            OPENAI_API_KEY="sk-bench",
-            SABRE_LLM_API="chat",
-            SABRE_MODEL="scripted-model",
+        env = sabre_env(
+            dsn=dsn,
+            llm=llm,
+            data_dir=tmpdir / "data",
             SABRE_RUNTIME_WORKERS=str(runtime_workers),
-            SABRE_DATA_DIR=str(tmpdir / "data"),
             HOME=str(tmpdir),
         )
         ports = {k: free_port() for k in ("A", "B", "floor")}
