@@ -250,9 +250,11 @@ async def run(quick: bool, *, baseline_src: Path | None = None) -> None:
                 responder=responder,
                 sabre=server.url,
                 floor=servers[-1].url,
+                langgraph="",  # not measured here
                 quick=quick,
                 sabre_pid=server.process.pid,
                 floor_pid=servers[-1].process.pid,
+                langgraph_pid=0,
             )
         order = ["floor", *conditions]
         benches = {k: benches[k] for k in order}
