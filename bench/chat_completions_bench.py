@@ -278,7 +278,7 @@ def report(bench: Run, *, rounds: int) -> None:
         chat = bench.by_round.get(("chat", round_), [])
         if native and chat:
             n50, c50 = pct([s.latency for s in native], 50), pct([s.latency for s in chat], 50)
-            rows.append([round_, 4 * round_ - 1, ms(n50), ms(c50), ms(c50 - n50)])
+            rows.append([str(round_), str(4 * round_ - 1), ms(n50), ms(c50), ms(c50 - n50)])
     table(
         "As the dialogue grows (a chat request resends it whole)",
         ["round", "messages in the last chat request", "native p50 ms", "chat p50 ms", "chat - native ms"],

@@ -156,7 +156,7 @@ class SendTimes:
                     stamps.append(time.perf_counter())
                 yield event
 
-        scripted._chat_events = timed  # type: ignore[assignment]
+        scripted._chat_events = timed
 
     def uninstall(self) -> None:
         scripted._chat_events = self._original
@@ -742,7 +742,7 @@ async def recorder_parts(ctx: Ctx, *, iterations: int) -> None:
             )
             started = clocks()
             for type_, data in template:
-                recorder.emit(type_, data)  # type: ignore[arg-type]
+                recorder.emit(type_, data)
             emitted = clocks()
             for part in variants[i % len(variants) :] + variants[: i % len(variants)]:
                 began = clocks()

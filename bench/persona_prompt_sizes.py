@@ -38,7 +38,7 @@ def with_pending(helpers: Mapping[str, HelperSpec]) -> dict[str, HelperSpec]:
     average = sum(len(s.doc) for s in helpers.values()) // max(len(helpers), 1)
     filler = ("Documentation of this helper: what it takes, what it returns, an example. " * 20)[:average]
     stand_ins = {
-        name: HelperSpec(name=name, signature=f"{name}(...) -> Any", doc=filler, runs="parent")
+        name: HelperSpec(name=name, signature=f"{name}(...) -> Any", doc=filler, runs="service")
         for name in sorted(PENDING_HELPERS - set(helpers))
     }
     return {**helpers, **stand_ins}
