@@ -1,9 +1,10 @@
 """The turn's hot-path reads (prebuilt statements with named parameters) on both stores: a lease
 compared with ``now`` as the column's type (SQLite stores datetimes as text), the last event seq,
-the history in order, another tenant's id as no conversation."""
+the history in order, another tenant's id as no conversation; and the row lock of a metadata read."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from datetime import timedelta
 
@@ -157,3 +158,39 @@ async def test_finish_turn_stores_each_column_as_its_type(session: AsyncSession)
         assert found.finished_at is not None
         assert found.finished_at.replace(tzinfo=None) == finished_at.replace(tzinfo=None)
     await session.rollback()
+
+
+async def test_a_metadata_read_holds_the_row_until_its_write_commits(postgres_url: str) -> None:
+    """PostgreSQL: the read of a metadata read-merge-write locks the row, so a second one waits for
+    the first to commit and merges into what it wrote (it cannot read the same state, lose its
+    compare-and-set and, after a few such rounds among many writers, give up with a 409)."""
+    engine = create_engine(postgres_url)
+    maker = create_sessionmaker(engine)
+    conversation = conversation_row("t")
+    try:
+        async with maker() as setup, setup.begin():
+            setup.add(conversation)
+        async with maker() as first, maker() as second:
+            read = await ConversationRepository(first).metadata_state(
+                tenant="t", conversation_id=conversation.id
+            )
+            assert read is not None
+            waiting = asyncio.ensure_future(
+                ConversationRepository(second).metadata_state(tenant="t", conversation_id=conversation.id)
+            )
+            await asyncio.sleep(0.3)
+            assert not waiting.done(), "the second read did not wait for the first writer"
+            assert await ConversationRepository(first).replace_metadata(
+                conversation_id=conversation.id,
+                metadata={"first": 1},
+                seen_updated_at=read[1],
+                version=None,
+                updated_at=read[1] + timedelta(microseconds=1),
+            )
+            await first.commit()
+            second_read = await asyncio.wait_for(waiting, timeout=10)
+            assert second_read is not None
+            assert second_read[0] == {"first": 1}
+            await second.rollback()
+    finally:
+        await engine.dispose()
