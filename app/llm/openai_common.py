@@ -283,7 +283,9 @@ class OpenAICompatibleClient(ABC):
             return exc
         if isinstance(exc, openai.APIStatusError):
             return self._status_error(exc)
-        if isinstance(exc, openai.APITimeoutError):
+        # The aiohttp transport reports a refused or failed connect as a connect timeout: the cause
+        # chain tells which it was.
+        if isinstance(exc, openai.APITimeoutError) and not _connection_reason(exc):
             return LLMError("llm_unavailable", f"The LLM server at {self._where} timed out.", retryable=True)
         if isinstance(exc, openai.APIConnectionError):
             reason = _connection_reason(exc)

@@ -356,6 +356,7 @@ async def test_connection_refused_gives_unavailable(api: LLMApi) -> None:
     assert error.code == "llm_unavailable"
     assert error.retryable is True
     assert f"127.0.0.1:{port}" in error.message
+    assert "connection refused" in error.message  # not a timeout (the aiohttp transport's wording)
     assert "3 attempts" in error.message
     assert API_KEY not in error.message
 
