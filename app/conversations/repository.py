@@ -85,6 +85,16 @@ class ConversationRepository:
             return None
         return TurnState(version=row[0], last_event_seq=int(row[1]), active_turn=bool(row[2]))
 
+    async def start_turn(self, values: Mapping[str, Any], *, seen_version: int, now: datetime) -> int | None:
+        """Store a turn (``values``: every ``turns`` column) if its conversation is still at
+        ``seen_version`` and no other turn is queued or running under a live lease: the checks and
+        the write in one statement. The conversation's last event seq, or None when a check failed
+        (``turn_state`` then says which) and nothing was written."""
+        params = {f"new_{key}": value for key, value in values.items()}
+        params |= {"conversation_id": values["conversation_id"], "seen_version": seen_version, "now": now}
+        row = (await self.session.execute(_START_TURN, params)).first()
+        return None if row is None else int(row[0])
+
     async def history(self, *, conversation_id: str) -> list[tuple[Any, Any]]:
         """``(role, parts)`` of every message in order, without building ORM objects (hot path)."""
         result = await self.session.execute(_HISTORY, {"conversation_id": conversation_id})
@@ -410,6 +420,25 @@ _TURN_STATE = select(
     select(func.coalesce(func.max(Event.seq), 0)).where(Event.conversation_id == _ID).scalar_subquery(),
     select(Turn.id).where(Turn.conversation_id == _ID, _live_turn(bindparam("now"))).exists(),
 ).where(Conversation.id == _ID)
+_TURN_COLUMNS: tuple[str, ...] = tuple(column.name for column in Turn.__table__.columns)
+# start_turn: the turn's row is selected from its conversation's, so it exists only if the
+# conversation is still at the version read before the lock and no live turn holds it.
+_START_TURN = (
+    insert(cast(Table, Turn.__table__))  # Core: the ORM would take the parameters for a bulk insert
+    .from_select(
+        _TURN_COLUMNS,
+        select(
+            *(bindparam(f"new_{name}", type_=Turn.__table__.c[name].type) for name in _TURN_COLUMNS)
+        ).where(
+            Conversation.id == _ID,
+            Conversation.version == bindparam("seen_version"),
+            ~select(Turn.id).where(Turn.conversation_id == _ID, _live_turn(bindparam("now"))).exists(),
+        ),
+    )
+    .returning(
+        select(func.coalesce(func.max(Event.seq), 0)).where(Event.conversation_id == _ID).scalar_subquery()
+    )
+)
 _HISTORY = select(Message.role, Message.parts).where(Message.conversation_id == _ID).order_by(Message.seq)
 
 

@@ -521,20 +521,16 @@ class ConversationService:
             next_seq = 1
             # Phase 1: check the state under the lock, read the history, store the turn as running.
             with tracing.span("turn.prepare"):
-                if not new:
-                    # What we read before taking the lock may be stale: another turn may have finished.
-                    state = await self.repo.turn_state(conversation_id=conversation.id, now=utcnow())
-                    if state is None or state.version != seen_version:
-                        raise Conflict(
-                            "The conversation changed while this request waited; read it again and retry.",
-                            extra={"current": {"version": seen_version + 1}},
-                        )
-                    if state.active_turn:
-                        # A detached turn whose lock lapsed while it waited in the queue still counts.
-                        raise TurnRunning(
-                            "A turn is queued or running on this conversation; retry when it has finished."
-                        )
-                    next_seq = state.last_event_seq + 1
+                if not new and delivery != "wait":
+                    next_seq = await self._check_state(conversation, seen_version=seen_version) + 1
+                elif not new:
+                    # Stored as running in the statement that checks the conversation's state.
+                    values = self._turn_values(conversation, turn_id=turn_id, status="running")
+                    last_seq = await self.repo.start_turn(values, seen_version=seen_version, now=utcnow())
+                    if last_seq is None:  # which check failed, and how to say it
+                        await self._check_state(conversation, seen_version=seen_version)
+                        raise TurnRunning("Another turn took this conversation first; retry when it ended.")
+                    next_seq = last_seq + 1
                 if delivery != "wait":
                     turn = await self._start_detached(
                         conversation,
@@ -562,7 +558,6 @@ class ConversationService:
                 _record_start(recorder, turn_id=turn_id, new_messages=new_messages, resume=resume)
                 if not new:
                     history = await self.repo.history(conversation_id=conversation.id)
-                    self.session.add(self._turn_row(conversation, turn_id=turn_id, status="running"))
                 # Phase 1 ends: release the connection while the model and the sandbox work (a new
                 # conversation wrote nothing yet, but the request may have read, e.g. its API key).
                 await self.session.commit()
@@ -608,6 +603,21 @@ class ConversationService:
             await self._ended(conversation, turn, rows=rows, recorder=recorder)
         self._count(conversation, turn, started=started)
         return turn
+
+    async def _check_state(self, conversation: Conversation, *, seen_version: int) -> int:
+        """Under the lock: the conversation is still as read before it (another turn may have
+        finished meanwhile) and no detached turn holds it. Its last event seq, else Conflict or
+        TurnRunning."""
+        state = await self.repo.turn_state(conversation_id=conversation.id, now=utcnow())
+        if state is None or state.version != seen_version:
+            raise Conflict(
+                "The conversation changed while this request waited; read it again and retry.",
+                extra={"current": {"version": seen_version + 1}},
+            )
+        if state.active_turn:
+            # A detached turn whose lock lapsed while it waited in the queue still counts.
+            raise TurnRunning("A turn is queued or running on this conversation; retry when it has finished.")
+        return state.last_event_seq
 
     async def _release_place(self, tenant: str, turn_id: str, *, held: bool = True) -> None:
         """Give the turn's place among its tenant's concurrent turns back (best effort: a place
@@ -709,8 +719,10 @@ class ConversationService:
         if new:
             self.repo.add(conversation)
         # Queued either way: its runner (a job, or a task of this process) claims it from the store.
-        row = self._turn_row(
-            conversation, turn_id=turn_id, status="queued", request=_stored_request(new_messages, resume)
+        row = Turn(
+            **self._turn_values(
+                conversation, turn_id=turn_id, status="queued", request=_stored_request(new_messages, resume)
+            )
         )
         row.background = background
         self.session.add(row)
@@ -957,33 +969,37 @@ class ConversationService:
         async with periodic.every(min(every, poll), step, name=f"watch {turn_id}"):
             yield
 
-    def _turn_row(
+    def _turn_values(
         self,
         conversation: Conversation,
         *,
         turn_id: str,
         status: schemas.TurnStatus,
         request: dict[str, Any] | None = None,
-    ) -> Turn:
-        """A turn as stored when it starts; ``running`` ones carry this process's lease."""
+    ) -> dict[str, Any]:
+        """Every column of a turn as stored when it starts; ``running`` ones carry this process's lease."""
         now = utcnow()
         running = status == "running"
-        return Turn(
-            id=turn_id,
-            conversation_id=conversation.id,
-            status=status,
-            output=None,
-            error=None,
-            usage=Usage().model_dump(),
-            warnings=[],
-            version=conversation.version,
-            request=request,
-            background=status == "queued",
-            lease_owner=self.control.owner if running and self.control is not None else None,
-            lease_expires_at=now + timedelta(seconds=self.settings.lock_lease_seconds) if running else None,
-            started_at=now if running else None,
-            created_at=now,
-        )
+        return {
+            "id": turn_id,
+            "conversation_id": conversation.id,
+            "status": status,
+            "output": None,
+            "error": None,
+            "usage": Usage().model_dump(),
+            "warnings": [],
+            "version": conversation.version,
+            "request": request,
+            "background": status == "queued",
+            "cancel_requested_at": None,
+            "lease_owner": self.control.owner if running and self.control is not None else None,
+            "lease_expires_at": (
+                now + timedelta(seconds=self.settings.lock_lease_seconds) if running else None
+            ),
+            "started_at": now if running else None,
+            "created_at": now,
+            "finished_at": None,
+        }
 
     # -- turns as resources --------------------------------------------------------------------
 

@@ -194,3 +194,78 @@ async def test_a_metadata_read_holds_the_row_until_its_write_commits(postgres_ur
             await second.rollback()
     finally:
         await engine.dispose()
+
+
+def _running_values(conversation_id: str, *, version: int) -> dict[str, object]:
+    """Every column of a turn stored as running by ``start_turn`` (a lease of 30 s)."""
+    now = utcnow()
+    return {
+        "id": new_id("turn"),
+        "conversation_id": conversation_id,
+        "status": "running",
+        "output": None,
+        "error": None,
+        "usage": {"input_tokens": 0, "llm_calls": 0},
+        "warnings": [],
+        "version": version,
+        "request": None,
+        "background": False,
+        "cancel_requested_at": None,
+        "lease_owner": "replica-1",
+        "lease_expires_at": now + timedelta(seconds=30),
+        "started_at": now,
+        "created_at": now,
+        "finished_at": None,
+    }
+
+
+async def test_start_turn_checks_and_writes_in_one_statement(session: AsyncSession) -> None:
+    """A turn is stored as running only while its conversation is at the version read before the
+    lock and no live turn holds it; it returns the last event seq, every column as its type."""
+    repo = ConversationRepository(session)
+    conversation = conversation_row("t", version=3)
+    session.add(conversation)
+    await session.flush()
+    session.add(
+        Event(
+            id=new_id("evt"),
+            conversation_id=conversation.id,
+            seq=4,
+            turn_id="turn_x",
+            type="x",
+            data={},
+            created_at=utcnow(),
+        )
+    )
+    await session.flush()
+
+    # The conversation moved on (another turn finished while this request waited): nothing written.
+    stale = _running_values(conversation.id, version=2)
+    assert await repo.start_turn(stale, seen_version=2, now=utcnow()) is None
+    assert await session.get(Turn, stale["id"]) is None
+
+    # A queued (detached) turn holds the conversation whatever the lock says.
+    queued = _turn(conversation.id, status="queued", lease=None)
+    session.add(queued)
+    await session.flush()
+    held = _running_values(conversation.id, version=3)
+    assert await repo.start_turn(held, seen_version=3, now=utcnow()) is None
+    assert await session.get(Turn, held["id"]) is None
+    await session.delete(queued)
+    # A running one whose lease lapsed does not.
+    session.add(_turn(conversation.id, status="running", lease=timedelta(seconds=-1)))
+    await session.flush()
+
+    values = _running_values(conversation.id, version=3)
+    assert await repo.start_turn(values, seen_version=3, now=utcnow()) == 4
+    stored = await session.get(Turn, values["id"])
+    assert stored is not None
+    await session.refresh(stored)
+    assert {column: getattr(stored, column) for column in values} == values
+    # Now that one holds it: a second start is refused.
+    second = _running_values(conversation.id, version=3)
+    assert await repo.start_turn(second, seen_version=3, now=utcnow()) is None
+    # A deleted (or never existing) conversation gets no turn.
+    gone = _running_values(new_id("conv"), version=0)
+    assert await repo.start_turn(gone, seen_version=0, now=utcnow()) is None
+    await session.rollback()
