@@ -197,7 +197,7 @@ def decode_prefix(prefix: bytes, *, max_header: int, max_blob: int) -> tuple[int
     return header_len, blob_len
 
 
-def decode_header(data: bytes) -> dict[str, Any]:
+def decode_header(data: bytes | bytearray) -> dict[str, Any]:
     """Decode a JSON header; it must be an object with a string "t" tag."""
     try:
         header = json.loads(data)
@@ -340,14 +340,18 @@ def limit_label(kind: LimitKind, limits: Mapping[str, Any]) -> str:
 def read_exact(stream: io.RawIOBase, size: int) -> bytes:
     """Read exactly ``size`` bytes; EOFError if the pipe closes first."""
     buf = bytearray(size)
-    view = memoryview(buf)
-    got = 0
+    _read_into(stream, memoryview(buf))
+    return bytes(buf)
+
+
+def _read_into(stream: io.RawIOBase, view: memoryview) -> None:
+    """Fill ``view`` from ``stream``; EOFError if the pipe closes first."""
+    got, size = 0, len(view)
     while got < size:
         n = stream.readinto(view[got:])
         if not n:
             raise EOFError(f"pipe closed after {got} of {size} bytes")
         got += n
-    return bytes(buf)
 
 
 def read_frame(stream: io.RawIOBase) -> tuple[dict[str, Any], bytes]:
@@ -359,7 +363,18 @@ def read_frame(stream: io.RawIOBase) -> tuple[dict[str, Any], bytes]:
     return header, read_exact(stream, blob_len) if blob_len else b""
 
 
-def write_all(fd: int, data: bytes) -> None:
+def read_frame_bytes(stream: io.RawIOBase) -> tuple[dict[str, Any], bytearray, int]:
+    """Read one frame sent by the parent as its decoded header, the whole frame's bytes and the
+    size of its blob: what the worker passes on to its child unchanged, never encoded again."""
+    prefix = read_exact(stream, PREFIX.size)
+    header_len, blob_len = decode_prefix(prefix, max_header=1 << 31, max_blob=1 << 32)
+    frame = bytearray(PREFIX.size + header_len + blob_len)
+    frame[: PREFIX.size] = prefix
+    _read_into(stream, memoryview(frame)[PREFIX.size :])
+    return decode_header(frame[PREFIX.size : PREFIX.size + header_len]), frame, blob_len
+
+
+def write_all(fd: int, data: bytes | bytearray) -> None:
     """Write all of ``data`` to a blocking fd."""
     view = memoryview(data)
     while view:

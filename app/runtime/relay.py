@@ -54,7 +54,7 @@ from app.runtime.protocol import (
     decode_prefix,
     encode_frame,
     read_exact,
-    read_frame,
+    read_frame_bytes,
     write_all,
 )
 
@@ -73,22 +73,54 @@ _CLOCK_TICKS: Final = os.sysconf("SC_CLK_TCK")
 _PAGE_KB: Final = os.sysconf("SC_PAGE_SIZE") // 1024
 
 
-def _cpu_seconds(pid: int) -> float:
-    """CPU time used so far by process ``pid`` (all its threads; 0 when it is gone)."""
+class _ProcFile:
+    """A /proc file of the child, opened once while it is idle (runtime code, dumpable) and read
+    again with pread: a few microseconds where opening it anew costs about ten, and still
+    readable after the block makes its process non-dumpable, which hides it from a new open
+    under bwrap's ``hidepid`` /proc. The descriptor is this very process's, never a reused pid's."""
+
+    __slots__ = ("_fd", "_path")
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        try:
+            self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            self._fd = -1  # read by its path each time, as a fallback
+
+    def read(self) -> bytes:
+        """The file's whole text now (OSError once the process is gone)."""
+        if self._fd >= 0:
+            return os.pread(self._fd, 4096, 0)
+        with open(self._path, "rb") as handle:
+            return handle.read()
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = -1
+
+
+def _cpu_seconds(stat: _ProcFile | None) -> float:
+    """CPU time used so far by the process of ``/proc/<pid>/stat`` (all its threads; 0 when it
+    is gone)."""
+    if stat is None:
+        return 0.0
     try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            fields = stat.read().rpartition(b")")[2].split()
+        fields = stat.read().rpartition(b")")[2].split()
         return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
     except (OSError, IndexError, ValueError):
         return 0.0
 
 
-def _resident_kb(pid: int) -> int:
-    """Resident memory of process ``pid`` in KiB (0 when it is gone): /proc's statm, a few
-    microseconds, where smaps_rollup walks the page tables (about half a millisecond)."""
+def _resident_kb(statm: _ProcFile | None) -> int:
+    """Resident memory of the process of ``/proc/<pid>/statm`` in KiB (0 when it is gone):
+    statm, a few microseconds, where smaps_rollup walks the page tables (half a millisecond)."""
+    if statm is None:
+        return 0
     try:
-        with open(f"/proc/{pid}/statm", "rb") as statm:
-            return int(statm.read().split()[1]) * _PAGE_KB
+        return int(statm.read().split()[1]) * _PAGE_KB
     except (OSError, IndexError, ValueError):
         return 0
 
@@ -177,12 +209,28 @@ class ChildLink:
         self._max_blob = 0
         self._quota: quota.Quota | None = None
         self._quota_lock = threading.Lock()
+        # Its /proc stat and statm, opened once it is ready (``wait_ready``).
+        self._stat: _ProcFile | None = None
+        self._statm: _ProcFile | None = None
+        # The quota watchdog (``relay``): started once the child is ready, it begins with the
+        # relay and stops when the child is gone.
+        self._watchdog: threading.Thread | None = None
+        self._begun = threading.Event()
+        self._stop = threading.Event()
 
     def close(self) -> None:
-        """Release the worker's descriptors of this child (after it is reaped)."""
+        """Stop the watchdog and release the worker's descriptors of this child (after it is
+        reaped): the worker forks its next child with no other thread running."""
+        self._stop.set()
+        self._begun.set()
+        if self._watchdog is not None:
+            self._watchdog.join()
         for fd in (self._channel, self._output_fd, self._pidfd):
             with contextlib.suppress(OSError):
                 os.close(fd)
+        for proc in (self._stat, self._statm):
+            if proc is not None:
+                proc.close()
 
     # Idle --------------------------------------------------------------------------------
 
@@ -200,17 +248,35 @@ class ChildLink:
                     header, _ = self._read_child()
                 except (Violation, FrameError, EOFError):
                     return False
+                if header.get("t") != "ready" or len(header) != 1:
+                    return False
+                # Ready, it is dumpable (its /proc files can be opened) and runs nothing of a block.
+                self._stat = _ProcFile(f"/proc/{self.pid}/stat")
+                self._statm = _ProcFile(f"/proc/{self.pid}/statm")
                 # What it holds when it starts is the worker's heap, shared copy-on-write (a write
                 # to a shared page leaves the count as it is): what it grows by is its own.
-                self._resident_base = _resident_kb(self.pid)
-                return header.get("t") == "ready" and len(header) == 1
+                self._resident_base = _resident_kb(self._statm)
+                self._take_baselines()
+                return True
             if self._pidfd in ready:
                 return False
 
-    def wait_run(self) -> tuple[dict[str, Any], bytes]:
-        """Wait for the server's ``run`` (dropping replies meant for an earlier child) and pass
-        it on; ServerClosed when the server closes the pipe, Violation when the idle child
-        speaks or dies (the worker then stops: the server replaces it)."""
+    def _take_baselines(self) -> None:
+        """What the next block's CPU time and OOM kills count from: the child's own CPU time and
+        its worker's cgroup counters, taken while it waits for its block (idle, or live between
+        two blocks), off the request path. Each only grows, so a block is charged as much as from
+        its start or a little more (the runtime's own work until then), never less."""
+        self._cpu_base = _cpu_seconds(self._stat)
+        if self._meter is not None:
+            self._tree_oom_base = self._meter.oom_kills()
+            self._tree_cpu_base = self._meter.cpu_seconds()
+
+    def wait_run(self) -> dict[str, Any]:
+        """Wait for the server's ``run`` (dropping replies meant for an earlier child), pass it
+        on as it came, and return its header; ServerClosed when the server closes the pipe,
+        Violation when the idle child speaks or dies (the worker then stops: the server
+        replaces it)."""
+        self._start_watchdog()
         poller = select.poll()
         for fd in (self._server_in.fileno(), self._channel, self._pidfd):
             poller.register(fd, select.POLLIN)
@@ -218,7 +284,7 @@ class ChildLink:
             ready = {fd for fd, _ in poller.poll()}
             if ready & {self._channel, self._pidfd}:
                 raise Violation("the idle child spoke or died before its block")
-            header, blob = self._read_server()
+            header, frame, _ = self._read_server()
             if header["t"] in ("reply", "release"):
                 continue  # for an earlier child, which stopped before it got there
             if header["t"] == "run" and header.get("live"):
@@ -228,41 +294,44 @@ class ChildLink:
                 continue
             if header["t"] != "run":
                 raise RuntimeError(f"sandbox protocol: the server sent {header['t']!r} to an idle worker")
-            self._start(header)
+            # The block first, its bookkeeping while it starts: the worker reads nothing of the
+            # child before ``relay``, and the baselines were taken while it was idle.
             try:
-                self._to_child(encode_frame(header, blob))
+                self._to_child(frame)
             except OSError as exc:
                 raise Violation(f"the child does not take its block: {exc}") from None
+            self._start(header)
             if self._quota is not None:
                 self._quota.exceeded()  # the baseline, measured while the block starts
-            return header, blob
+            return header
 
     def _start(self, request: dict[str, Any]) -> None:
+        """The worker's side of a block it has passed on: its caps, its output, its quota."""
         limits = request["limits"]
-        self._phase = "running"
-        self._keep = request.get("keep") is True
-        self._workdir = str(request["workdir"])
-        self._calls = self._records = self._record_bytes = 0
-        self._output = Output(int(limits["stdout_bytes"]))
-        self._cpu_base = _cpu_seconds(self.pid)
-        # SIGXCPU comes at the block's limit, RLIMIT_CPU's hard limit a second later; the worker
-        # kills a block of a process that may stay live (whose hard limit spans its blocks) there.
-        self._cpu_budget = float(limits["cpu_seconds"]) + 1
-        if self._meter is not None:
-            self._tree_oom_base = self._meter.oom_kills()
-            self._tree_cpu_base = self._meter.cpu_seconds()
-        # The same caps the server applies: stdout, results and the error are each capped in
-        # the child (JSON may escape a byte into six); a call's arguments may be large alone.
-        self._max_header = MAX_HEADER_BYTES + 20 * int(limits["stdout_bytes"])
-        self._max_blob = int(limits["snapshot_bytes"]) + MAX_FIGURES * MAX_FIGURE_BYTES
-        if limits.get("disk_mb") or limits.get("disk_files"):
-            # process: the block's private TMPDIR is on disk too, and counts.
-            private = [isolation.block_tmp(self.pid)] if isolation.backend() == "process" else []
-            self._quota = quota.Quota(
-                [str(request["workdir"]), *private],
-                max_bytes=int(limits.get("disk_mb") or 0) << 20,
-                max_files=int(limits.get("disk_files") or 0),
-            )
+        with self._quota_lock:  # the watchdog of a live child sees the block whole, or not yet
+            self._keep = request.get("keep") is True
+            self._workdir = str(request["workdir"])
+            self._calls = self._records = self._record_bytes = 0
+            self._output = Output(int(limits["stdout_bytes"]))
+            # SIGXCPU comes at the block's limit, RLIMIT_CPU's hard limit a second later; the
+            # worker kills a block of a process that may stay live (whose hard limit spans its
+            # blocks) there.
+            self._cpu_budget = float(limits["cpu_seconds"]) + 1
+            # The same caps the server applies: stdout, results and the error are each capped in
+            # the child (JSON may escape a byte into six); a call's arguments may be large alone.
+            self._max_header = MAX_HEADER_BYTES + 20 * int(limits["stdout_bytes"])
+            self._max_blob = int(limits["snapshot_bytes"]) + MAX_FIGURES * MAX_FIGURE_BYTES
+            if limits.get("disk_mb") or limits.get("disk_files"):
+                # process: the block's private TMPDIR is on disk too, and counts.
+                private = [isolation.block_tmp(self.pid)] if isolation.backend() == "process" else []
+                self._quota = quota.Quota(
+                    [str(request["workdir"]), *private],
+                    max_bytes=int(limits.get("disk_mb") or 0) << 20,
+                    max_files=int(limits.get("disk_files") or 0),
+                )
+            else:
+                self._quota = None
+            self._phase = "running"
 
     # Running -----------------------------------------------------------------------------
 
@@ -273,20 +342,28 @@ class ChildLink:
         server_fd = self._server_in.fileno()
         for fd in (server_fd, self._channel, self._output_fd, self._pidfd):
             poller.register(fd, select.POLLIN)
-        # The quota is measured on a timer of its own: a child that stalls a read or a write of
-        # the loop below (for up to STALL_SECONDS) must not stop it.
-        stop = threading.Event()
-        watchdog = threading.Thread(target=self._watch_quota, args=(stop,), daemon=True)
-        if self._quota is not None or self._keep or self._meter is not None:
-            watchdog.start()
+        watchdog = self._watchdog
+        if watchdog is None and (self._quota is not None or self._keep or self._meter is not None):
+            watchdog = self._start_watchdog()  # not started while it was idle (tests)
+        self._begun.set()
         try:
             return self._relay(poller, server_fd)
         finally:
-            stop.set()
-            if watchdog.is_alive():
+            self._stop.set()
+            if watchdog is not None:
                 watchdog.join()
 
-    def _watch_quota(self, stop: threading.Event) -> None:
+    def _start_watchdog(self) -> threading.Thread:
+        """Start the thread that measures the quotas on a timer of its own (a child that stalls
+        a read or a write of the relay loop for up to STALL_SECONDS must not stop it). Started
+        while the child is idle, off the request path; it waits for ``relay`` to begin."""
+        self._watchdog = threading.Thread(target=self._watch_quota, daemon=True)
+        self._watchdog.start()
+        return self._watchdog
+
+    def _watch_quota(self) -> None:
+        self._begun.wait()
+        stop = self._stop
         while not stop.wait(QUOTA_INTERVAL_SECONDS):
             with self._quota_lock:
                 if self._phase == "running" and not self._dead:
@@ -402,21 +479,23 @@ class ChildLink:
             live = live and self._keep and header.get("status") in ("ok", "error") and self._limit is None
             header["live"] = live
             # Measured here, never taken from the block: what the server weighs to keep it live.
-            header["grown_kb"] = max(0, _resident_kb(self.pid) - self._resident_base) if live else 0
+            header["grown_kb"] = max(0, _resident_kb(self._statm) - self._resident_base) if live else 0
             if live:
                 self._phase = "live"
                 self._end_leftovers()
             else:
                 self._phase = "done"
             self._to_server(encode_frame(header, blob))
+            if live:
+                self._take_baselines()  # for its next block, while the server reads this one
         else:
             self._violate(f"a {tag!r} frame{' with a blob' if blob else ''} from the block")
 
     def _from_server(self) -> None:
-        header, blob = self._read_server()
+        header, frame, blob_len = self._read_server()
         tag = header["t"]
         if self._phase == "live" and tag in ("run", "release"):
-            self._next_or_release(header, blob)
+            self._next_or_release(header, frame, blob_len)
             return
         if tag == "release":
             return  # the child ended before it got there
@@ -424,37 +503,39 @@ class ChildLink:
             raise RuntimeError(f"sandbox protocol: the server sent {tag!r} during a block")
         if self._phase == "running" and self._channel_open and self._violation is None:
             try:
-                self._to_child(encode_frame(header, blob))
+                self._to_child(frame)
             except BlockingIOError:
                 self._violate(f"the block did not take the reply it asked for in {STALL_SECONDS:g}s")
             except OSError:
                 pass  # the child is going away; its exit frame follows
 
-    def _next_or_release(self, header: dict[str, Any], blob: bytes) -> None:
-        """A live child gets its conversation's next block, or is told to stop."""
+    def _next_or_release(self, header: dict[str, Any], frame: bytearray, blob_len: int) -> None:
+        """A live child gets its conversation's next block (passed on as it came, then the
+        worker's bookkeeping), or is told to stop."""
         if self._dead or select.select([self._pidfd], [], [], 0)[0]:
             self.stale_owed = header["t"] == "run"  # it died between blocks: not run
             return
-        if header["t"] == "run":
+        run = header["t"] == "run"
+        if run:
             if (
                 not header.get("live")
                 or header.get("pid") != self.pid
                 or header.get("workdir") != self._workdir
             ):
                 raise RuntimeError("sandbox protocol: a block for a live child that is not its next one")
-            if blob:
+            if blob_len:
                 raise RuntimeError("sandbox protocol: a live child's block comes without a snapshot")
-            self._start(header)
         else:
             self._phase = "done"  # it exits now; the grace timer runs
-        if not self._channel_open or self._violation is not None:
-            return
-        try:
-            self._to_child(encode_frame(header, blob))
-        except BlockingIOError:
-            self._violate(f"the live child did not take its request in {STALL_SECONDS:g}s")
-        except OSError:
-            pass  # it is going away; its exit frame follows
+        if self._channel_open and self._violation is None:
+            try:
+                self._to_child(frame)
+            except BlockingIOError:
+                self._violate(f"the live child did not take its request in {STALL_SECONDS:g}s")
+            except OSError:
+                pass  # it is going away; its exit frame follows
+        if run:
+            self._start(header)
 
     def _end_leftovers(self) -> None:
         """A block's end in a process that stays live: what the block started dies now, as it
@@ -468,7 +549,7 @@ class ChildLink:
                     os.waitpid(pid, 0)
 
     def _check_cpu(self) -> None:
-        if _cpu_seconds(self.pid) - self._cpu_base > self._cpu_budget:
+        if _cpu_seconds(self._stat) - self._cpu_base > self._cpu_budget:
             self._limit = "cpu_time"
             self._kill()
 
@@ -528,13 +609,14 @@ class ChildLink:
             raise Violation(f"the block's channel failed in the middle of a frame: {exc}") from None
         return header, blob
 
-    def _read_server(self) -> tuple[dict[str, Any], bytes]:
+    def _read_server(self) -> tuple[dict[str, Any], bytearray, int]:
+        """A frame of the server: its header, its bytes (to pass on as they are), its blob's size."""
         try:
-            return read_frame(self._server_in)
+            return read_frame_bytes(self._server_in)
         except EOFError:
             raise ServerClosed from None
 
-    def _to_child(self, data: bytes) -> None:
+    def _to_child(self, data: bytes | bytearray) -> None:
         write_all(self._channel, data)
 
     def _to_server(self, data: bytes) -> None:

@@ -332,3 +332,15 @@ async def test_a_block_cannot_understate_what_its_process_holds(
     assert outcome.results == ["forged"]  # the worker took the frame as the block's end
     assert budgeted.live_processes == 0
     assert (await run(budgeted, "result(6 * 7)", workdir=conversation(workspaces))).results == ["42"]
+
+
+async def test_a_block_that_hides_its_process_still_has_its_memory_counted(
+    budgeted: RuntimePool, workspaces: Path
+) -> None:
+    """A block that makes its process non-dumpable (under bwrap, /proc then hides it from a new
+    open by the worker) is measured all the same: past the budget, it is not kept live."""
+    workdir = conversation(workspaces)
+    hide = "import ctypes\nassert ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) == 0\n"  # PR_SET_DUMPABLE
+    outcome = await run(budgeted, hide + HOLD.format(mb=160) + "x = 1\n", workdir=workdir)
+    assert outcome.status == "ok", outcome.error
+    assert budgeted.live_processes == 0

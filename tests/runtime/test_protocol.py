@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import io
+import os
+
 import pytest
 
 from app.runtime.protocol import (
@@ -11,6 +14,7 @@ from app.runtime.protocol import (
     as_run_request,
     decode_header,
     encode_frame,
+    read_frame_bytes,
     run_request,
 )
 from app.runtime.schemas import CallReply, HelperCall, JournalEntry, Limits
@@ -64,3 +68,19 @@ def test_journal_entries_convert_one_way_only() -> None:
     assert not JournalEntry.of("FS.list_files", "d", value=None, error=None).failed
     with pytest.raises(ValueError, match="not an answer"):
         JournalEntry.for_call(call, CallReply(kind="suspend"))
+
+
+def test_a_frame_is_read_whole_to_pass_on_unchanged() -> None:
+    """The worker passes the server's frames on as they came: the bytes it read, the header it
+    decoded from them, the size of the blob; a frame cut short is EOFError."""
+    frame = encode_frame({"t": "run", "code": "x = 1", "workdir": "/w/c1"}, b"snapshot")
+    read, write = os.pipe()
+    with io.FileIO(read, "rb") as stream:
+        os.write(write, frame + frame[:-1])
+        os.close(write)
+        header, data, blob_size = read_frame_bytes(stream)
+        assert bytes(data) == frame
+        assert header == {"t": "run", "code": "x = 1", "workdir": "/w/c1"}
+        assert blob_size == len(b"snapshot")
+        with pytest.raises(EOFError):
+            read_frame_bytes(stream)
