@@ -198,9 +198,10 @@ def decode_prefix(prefix: bytes, *, max_header: int, max_blob: int) -> tuple[int
 
 
 def decode_header(data: bytes | bytearray) -> dict[str, Any]:
-    """Decode a JSON header; it must be an object with a string "t" tag."""
+    """Decode a JSON header (UTF-8, strict JSON: no NaN or Infinity, which the worker could not
+    encode again); it must be an object with a string "t" tag."""
     try:
-        header = json.loads(data)
+        header = _DECODER.decode(data.decode())
     except (ValueError, RecursionError) as exc:
         raise FrameError(f"frame header is not JSON: {exc}") from None
     if not isinstance(header, dict) or not isinstance(header.get("t"), str):
@@ -208,7 +209,12 @@ def decode_header(data: bytes | bytearray) -> dict[str, Any]:
     return header
 
 
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
 _STRICT: Final = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+_DECODER: Final = json.JSONDecoder(parse_constant=_refuse_constant)
 _CANONICAL: Final = json.JSONEncoder(
     sort_keys=True, separators=(",", ":"), default=repr, check_circular=False
 )

@@ -170,6 +170,23 @@ async def test_a_done_with_a_garbage_live_flag_is_a_violation(pool: RuntimePool,
     await assert_pool_works(pool, _conversation(workspaces))
 
 
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+async def test_a_frame_with_a_number_json_does_not_have_is_a_violation(
+    pool: RuntimePool, workspaces: Path, constant: str
+) -> None:
+    """Python's JSON reads NaN and Infinity, which no strict encoder writes: the worker, which
+    encodes a ``done`` again, refuses the frame as the block breaking the protocol (before, the
+    worker died on it and was replaced), and goes on serving."""
+    code = _FRAME + (
+        f'os.write(3, frame(DONE).replace(b\'"replayed": 0\', b\'"replayed": 0, "x": {constant}\'))\n'
+        "import time\ntime.sleep(5)\n"
+    )
+    outcome = await run(pool, code, workdir=_conversation(workspaces))
+    assert (outcome.status, outcome.failure) == ("error", "protocol_violation")
+    assert "not a JSON number" in (outcome.error or "")
+    await assert_pool_works(pool, _conversation(workspaces))
+
+
 async def test_half_a_frame_after_done_then_exit_does_not_hold_the_worker(
     pool: RuntimePool, workspaces: Path, request: pytest.FixtureRequest
 ) -> None:

@@ -70,6 +70,14 @@ def test_journal_entries_convert_one_way_only() -> None:
         JournalEntry.for_call(call, CallReply(kind="suspend"))
 
 
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_a_header_with_a_number_json_does_not_have_is_refused(constant: str) -> None:
+    """Python's JSON reads these, but no strict encoder writes them: a frame carrying one could
+    not be encoded again on its way on."""
+    with pytest.raises(FrameError, match="not a JSON number"):
+        decode_header(f'{{"t": "call", "x": [1, {constant}]}}'.encode())
+
+
 def test_a_frame_is_read_whole_to_pass_on_unchanged() -> None:
     """The worker passes the server's frames on as they came: the bytes it read, the header it
     decoded from them, the size of the blob; a frame cut short is EOFError."""
