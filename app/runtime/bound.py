@@ -24,7 +24,7 @@ class Bound:
     code: str = ""
     state: bytes = b""
     memory_kb: int = 0  # live: what its resident memory grew by since its fork
-    timer: asyncio.Future[None] | None = None
+    timer: asyncio.TimerHandle | None = None  # its release when it stays unused too long
 
     def cancel_timer(self) -> None:
         if self.timer is not None:

@@ -315,6 +315,8 @@ class RuntimePool:
     async def aclose(self) -> None:
         """Kill every worker (and child); blocks still running end with an error."""
         self._closed = True
+        for bound in self._bound.values():
+            bound.cancel_timer()
         self._bound.clear()  # their workers are killed with the rest
         for task in list(self._tasks):
             task.cancel()
@@ -908,7 +910,7 @@ class RuntimePool:
                 return
             self._give_way()
         self._set_state(bound.worker, WorkerState.BOUND)
-        bound.timer = self._background(self._expire(workdir, bound))
+        bound.timer = asyncio.get_running_loop().call_later(self._live_seconds, self._expire, workdir, bound)
         self._bound[workdir] = bound
         while sum(b.memory_kb for b in self._bound.values()) > self._live_memory_kb:
             self._give_way()  # live ones only hold memory: the least recently used goes first
@@ -928,11 +930,12 @@ class RuntimePool:
             bound.cancel_timer()
         return bound
 
-    async def _expire(self, workdir: Path, bound: Bound) -> None:
-        await asyncio.sleep(self._live_seconds)
-        if self._bound.get(workdir) is bound:
+    def _expire(self, workdir: Path, bound: Bound) -> None:
+        """``live_seconds`` after it was bound: the process stops (a timer, not a task: a task
+        per block costs its start and its cancellation on every next block)."""
+        if self._bound.get(workdir) is bound and not self._closed:
             del self._bound[workdir]
-            await self._release(bound)
+            self._let_go(bound)
 
     def _let_go(self, bound: Bound) -> None:
         """Release ``bound`` in the background; its worker counts as rearming from now on, so a
