@@ -100,8 +100,10 @@ def reap_children() -> None:
 
 
 def thread_count() -> int:
-    """The threads of this process, as the kernel counts them (native ones included)."""
+    """The threads of this process, as the kernel counts them (native ones included): procfs
+    gives its task directory a link per thread beyond its own two, a stat where listing the
+    directory costs several times as much (twice per block of a live process)."""
     try:
-        return len(os.listdir("/proc/self/task"))
+        return os.stat("/proc/self/task").st_nlink - 2
     except OSError:
         return threading.active_count()
