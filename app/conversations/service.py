@@ -23,7 +23,6 @@ from pydantic import ValidationError
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm.attributes import set_committed_value
-from sqlalchemy.orm.exc import StaleDataError
 
 from app.config import Settings
 from app.conversations import schemas
@@ -571,8 +570,6 @@ class ConversationService:
                 watch=not new,
             )
             with tracing.span("turn.persist"):
-                if new:
-                    self.repo.add(conversation)
                 turn, rows = await self._persist(
                     conversation, turn_id=turn_id, outcome=outcome, recorder=recorder, new=new
                 )
@@ -1200,11 +1197,10 @@ class ConversationService:
         seq += len(messages)
         usage = outcome.usage
         version = conversation.version + 1
-        error = _error_json(outcome.error)
         finished: dict[str, Any] = {
             "status": outcome.status,
             "output": outcome.output,
-            "error": error,
+            "error": _error_json(outcome.error),
             "usage": usage.model_dump(),
             "warnings": list(outcome.warnings),
             "version": version,
@@ -1212,16 +1208,53 @@ class ConversationService:
             "lease_owner": None,
             "lease_expires_at": None,
         }
-        conversation.next_seq = seq
-        conversation.version = version
-        conversation.snapshot = outcome.snapshot
-        conversation.paused = outcome.paused.to_store() if outcome.paused is not None else None
-        conversation.status = "awaiting_tool_results" if outcome.paused is not None else "idle"
-        conversation.input_tokens += usage.input_tokens
-        conversation.output_tokens += usage.output_tokens
-        conversation.llm_calls += usage.llm_calls
-        conversation.iterations += usage.iterations
-        conversation.updated_at = now
+        stored: dict[str, Any] = {
+            "next_seq": seq,
+            "version": version,
+            "snapshot": outcome.snapshot,
+            "paused": outcome.paused.to_store() if outcome.paused is not None else None,
+            "status": "awaiting_tool_results" if outcome.paused is not None else "idle",
+            "input_tokens": conversation.input_tokens + usage.input_tokens,
+            "output_tokens": conversation.output_tokens + usage.output_tokens,
+            "llm_calls": conversation.llm_calls + usage.llm_calls,
+            "iterations": conversation.iterations + usage.iterations,
+            "updated_at": now,
+        }
+        if new:  # neither is stored yet: both rows in full, through Core
+            for key, value in stored.items():
+                setattr(conversation, key, value)
+            row = Turn(
+                id=turn_id,
+                conversation_id=conversation.id,
+                background=False,
+                request=None,
+                cancel_requested_at=None,
+                created_at=now,
+                started_at=now,
+                **finished,
+            )
+            await self.repo.insert_new(conversation, row)
+        else:
+            # The conversation first, its version checked: a turn whose lease lapsed and was taken
+            # over must not overwrite the turn that took over, nor end its own row.
+            if not await self.repo.finish_conversation(
+                conversation, seen_version=conversation.version, values=stored
+            ):
+                raise TurnRunning("The conversation changed while this turn ran; its result was discarded.")
+            found = await self.repo.finish_turn(turn_id=turn_id, values=finished)
+            if found is None:  # its row went missing meanwhile: stored again, as it ended
+                found = Turn(
+                    id=turn_id,
+                    conversation_id=conversation.id,
+                    background=False,
+                    cancel_requested_at=None,
+                    created_at=now,
+                    started_at=now,
+                    **finished,
+                )
+                self.session.add(found)
+            row = found
+        # After their conversation's row (the unit of work flushes them at the commit).
         self.session.add_all(
             StoredFile(
                 id=file_id,
@@ -1238,26 +1271,7 @@ class ConversationService:
             if isinstance(part, HelpersResultPart)
             for file_id, png in zip(part.files, message.images, strict=True)
         )
-        try:
-            # The conversation's update (its version checked) is flushed first, then the turn's.
-            row = None if new else await self.repo.finish_turn(turn_id=turn_id, values=finished)
-            if row is None:  # a new conversation's first turn, stored with it
-                row = Turn(
-                    id=turn_id,
-                    conversation_id=conversation.id,
-                    background=False,
-                    cancel_requested_at=None,
-                    created_at=now,
-                    started_at=now,
-                    **finished,
-                )
-                self.session.add(row)
-            await self.session.flush()
-            await self.repo.insert_messages(messages)
-        except StaleDataError as exc:
-            raise TurnRunning(
-                "The conversation changed while this turn ran; its result was discarded."
-            ) from exc
+        await self.repo.insert_messages(messages)
         turn = self.turn_out(row, conversation)
         recorder.emit(_end_type(outcome.status), turn.model_dump(mode="json"))
         return turn, await recorder.drain(self.session)

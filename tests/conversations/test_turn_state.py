@@ -269,3 +269,50 @@ async def test_start_turn_checks_and_writes_in_one_statement(session: AsyncSessi
     gone = _running_values(new_id("conv"), version=0)
     assert await repo.start_turn(gone, seen_version=0, now=utcnow()) is None
     await session.rollback()
+
+
+async def test_finish_conversation_checks_the_version_and_leaves_the_object_clean(
+    session: AsyncSession,
+) -> None:
+    """A turn's outcome reaches its conversation only from the version the turn started at (a
+    turn whose lease lapsed and was taken over writes nothing); once written, the loaded object
+    holds the values as stored, so no later flush writes them again."""
+    repo = ConversationRepository(session)
+    conversation = conversation_row("t", version=3)
+    session.add(conversation)
+    await session.flush()
+    values = {"version": 4, "next_seq": 9, "snapshot": b"\x00ns", "paused": {"k": [1]}, "status": "idle"}
+
+    assert not await repo.finish_conversation(conversation, seen_version=2, values=values)
+    assert conversation.version == 3
+    assert await repo.finish_conversation(conversation, seen_version=3, values=values)
+    assert (conversation.version, conversation.next_seq, conversation.paused) == (4, 9, {"k": [1]})
+    assert not session.dirty
+    session.expire(conversation)
+    await session.refresh(conversation)
+    assert (conversation.version, conversation.next_seq, conversation.snapshot) == (4, 9, b"\x00ns")
+    assert conversation.paused == {"k": [1]}
+    # The next turn started from 4; one still holding 3 is refused.
+    assert not await repo.finish_conversation(conversation, seen_version=3, values={"version": 5})
+    await session.rollback()
+
+
+async def test_insert_new_stores_what_was_given_and_defaults_the_rest(session: AsyncSession) -> None:
+    repo = ConversationRepository(session)
+    conversation = conversation_row("t", version=1)
+    conversation.metadata_ = {"team": "a"}
+    turn = _turn(conversation.id, status="completed", lease=None)
+    await repo.insert_new(conversation, turn)
+    assert conversation not in session  # never attached: two Core inserts
+    stored = await repo.get(tenant="t", conversation_id=conversation.id)
+    assert stored is not None
+    assert (stored.version, stored.metadata_, stored.lock_turn_id, stored.snapshot) == (
+        1,
+        {"team": "a"},
+        None,
+        None,
+    )
+    row = await session.get(Turn, turn.id)
+    assert row is not None
+    assert (row.status, row.usage, row.warnings, row.background) == ("completed", {}, [], True)
+    await session.rollback()
