@@ -21,6 +21,7 @@ from app.runtime.protocol import (
     EXIT_EOF,
     LIVE_MAX_BLOCKS,
     PREFIX,
+    RunRequest,
     WireLimits,
     as_run_request,
     call_digest,
@@ -66,45 +67,64 @@ def _warm_up_values() -> dict[str, Any]:
     return {"a": 1, "g": lambda: 1, "s": {"k": [1.5, "x", None]}}
 
 
+_LIMITS: Final = WireLimits(
+    cpu_seconds=10,
+    memory_mb=2048,
+    wall_clock_seconds=30,
+    max_processes=64,
+    file_size_mb=100,
+    open_files=256,
+    stdout_bytes=32_000,
+    snapshot_bytes=1 << 20,
+    disk_mb=1024,
+    disk_files=10_000,
+)
+
+
 def warm_up() -> None:
     """Run a dry block through the real code path (journal-answered call, snapshot load and
     dump, traceback, report encoding) once in the worker, before it forks, so no block pays the
-    first-use costs (lazy imports and caches). Not again in each child: that would also pay its
-    copy-on-write faults ahead of the block (~0.3 ms of start latency saved) at ~1.3 ms of CPU
-    per block, which a loaded server needs more (bench/runtime_bench.py measures both)."""
-    output = OutputStream(None)
-    saved = sys.stdout, sys.stderr, os.environ.get("HOME"), os.getcwd()
-    sys.stdout = sys.stderr = output
+    first-use costs (lazy imports and caches). Not all of it again in each child: that would
+    also pay its copy-on-write faults ahead of the block (~0.3 ms of start latency saved) at
+    ~1.3 ms of CPU per block; each child rehearses the common path only (``rehearse``)."""
     library.warm()
     digest = call_digest(name="tool", args=[2], kwargs={"mode": "x"})
     listed = call_digest(name="FS.list_files", args=[], kwargs={})
-    limits = WireLimits(
-        cpu_seconds=10,
-        memory_mb=2048,
-        wall_clock_seconds=30,
-        max_processes=64,
-        file_size_mb=100,
-        open_files=256,
-        stdout_bytes=32_000,
-        snapshot_bytes=1 << 20,
-        disk_mb=1024,
-        disk_files=10_000,
-    )
     request = run_request(
         code=_WARM_UP_CODE,
         workdir=os.getcwd(),
-        limits=limits,
+        limits=_LIMITS,
         helpers=["helper"],
         tools={"tool": ["x", "mode"]},
         journal=[["tool", digest, 3], ["FS.list_files", listed, ["a.txt"]]],
     )
+    data, _ = snapshot.dump(_warm_up_values(), skip=frozenset(), helpers={}, max_bytes=1 << 20)
+    _dry_block(request, data)
+    gc.collect()
+
+
+def rehearse() -> None:
+    """In a fresh child, before it says ready: a dry trivial block through the path every block
+    takes (its request decoded, the block set up, compiled, run, snapshot, report encoded), so
+    the copy-on-write faults of the pages that path touches are paid while the child waits, not
+    once its block came. Nothing of a conversation is in the child yet, and the dry block leaves
+    the process as it found it (``_dry_block``)."""
+    _dry_block(run_request(code="x = 1\n", workdir=os.getcwd(), limits=_LIMITS), b"")
+
+
+def _dry_block(request: RunRequest, snapshot_data: bytes) -> None:
+    """Run ``request`` as a dry block (nothing sent, no limit or directory of its own), then put
+    back what a block changes in its process: output streams, HOME, working directory, the
+    running block and the sandbox helpers' binding."""
+    output = OutputStream(None)
+    saved = sys.stdout, sys.stderr, os.environ.get("HOME"), os.getcwd()
+    sys.stdout = sys.stderr = output
     # Through the wire format, as a real request comes (its decoding warms up too).
     request = as_run_request(decode_header(encode_frame(request)[PREFIX.size :]))
-    data, _ = snapshot.dump(_warm_up_values(), skip=frozenset(), helpers={}, max_bytes=1 << 20)
     block = Block(request=request, output=output, channel_in=None, channel_out=-1, reserve=None, dry=True)
     try:
         block.start()
-        block.run(data)
+        block.run(snapshot_data)
     except DryRunStopped:
         pass
     running.block = None
@@ -112,8 +132,9 @@ def warm_up() -> None:
     sys.stdout, sys.stderr, home, cwd = saved
     if home is None:
         os.environ.pop("HOME", None)
+    else:
+        os.environ["HOME"] = home
     os.chdir(cwd)
-    gc.collect()
 
 
 def serve_one(*, channel: int, log_fd: int) -> int:
@@ -137,6 +158,7 @@ def serve_one(*, channel: int, log_fd: int) -> int:
     sys.stdout = sys.stderr = output
     reserve = mmap.mmap(-1, _RESERVE_BYTES)
     stream = io.FileIO(channel, "rb", closefd=False)
+    rehearse()
     write_frame(channel, {"t": "ready"})
     try:
         header, snapshot_data = read_frame(stream)
