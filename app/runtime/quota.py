@@ -2,7 +2,8 @@
 
 The workspaces share one filesystem, on which no kernel quota can be had without privileges, so
 the worker (never the block) walks the block's working directory: when the block starts (its
-baseline), every ``QUOTA_INTERVAL_SECONDS`` while it runs, and before its ``done`` is relayed.
+baseline; for the next block of a live process, when the last one ended, before the next can
+write), every ``QUOTA_INTERVAL_SECONDS`` while it runs, and before its ``done`` is relayed.
 A block that takes the directory past a quota, and past where it started, is killed and ends
 as ``limit: disk`` or ``disk_files``; one that starts over quota may still delete files. What a
 block writes between two measurements is bounded by the per-file size limit times what it can
@@ -106,21 +107,30 @@ class Quota:
     """The quotas of one block's directories (its working directory; the process backend's
     private TMPDIR), against their usage when the block started."""
 
-    def __init__(self, paths: Sequence[str], *, max_bytes: int, max_files: int) -> None:
-        self._paths = paths
+    def __init__(
+        self, paths: Sequence[str], *, max_bytes: int, max_files: int, start: tuple[int, int] | None = None
+    ) -> None:
+        self.paths = paths
         self._max_bytes = max_bytes
         self._max_files = max_files
-        self._start: tuple[int, int] | None = None
+        # (bytes, entries) when the block started: given when measured before it (a live
+        # process's next block, measured at the end of the last one), else measured by ``begin``.
+        self._start = start
+
+    def begin(self) -> None:
+        """Measure the baseline now, unless it was given."""
+        if self._start is None:
+            self._start = usage(self.paths)
 
     def exceeded(self) -> QuotaKind | None:
         """Which quota the directory is past now (and past its baseline), if any. The first
         call measures the baseline."""
         if self._start is None:
-            self._start = usage(self._paths)
+            self._start = usage(self.paths)
             return None
         start_bytes, start_files = self._start
         used, count = usage(
-            self._paths,
+            self.paths,
             stop_bytes=max(self._max_bytes, start_bytes),
             stop_files=max(self._max_files, start_files),
         )

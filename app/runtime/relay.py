@@ -209,6 +209,8 @@ class ChildLink:
         self._max_blob = 0
         self._quota: quota.Quota | None = None
         self._quota_lock = threading.Lock()
+        # A live child's directory as its last block left it: its next block's disk baseline.
+        self._next_disk_start: tuple[int, int] | None = None
         # Its /proc stat and statm, opened once it is ready (``wait_ready``).
         self._stat: _ProcFile | None = None
         self._statm: _ProcFile | None = None
@@ -270,6 +272,10 @@ class ChildLink:
         if self._meter is not None:
             self._tree_oom_base = self._meter.oom_kills()
             self._tree_cpu_base = self._meter.cpu_seconds()
+        if self._phase == "live" and self._quota is not None:
+            # Its next block comes for the same directory: measured now, before it can write
+            # (what the block left running is dead already), not once it runs.
+            self._next_disk_start = quota.usage(self._quota.paths)
 
     def wait_run(self) -> dict[str, Any]:
         """Wait for the server's ``run`` (dropping replies meant for an earlier child), pass it
@@ -301,14 +307,26 @@ class ChildLink:
             except OSError as exc:
                 raise Violation(f"the child does not take its block: {exc}") from None
             self._start(header)
-            if self._quota is not None:
-                self._quota.exceeded()  # the baseline, measured while the block starts
             return header
 
     def _start(self, request: dict[str, Any]) -> None:
         """The worker's side of a block it has passed on: its caps, its output, its quota."""
         limits = request["limits"]
         with self._quota_lock:  # the watchdog of a live child sees the block whole, or not yet
+            if limits.get("disk_mb") or limits.get("disk_files"):
+                # process: the block's private TMPDIR is on disk too, and counts.
+                private = [isolation.block_tmp(self.pid)] if isolation.backend() == "process" else []
+                self._quota = quota.Quota(
+                    [str(request["workdir"]), *private],
+                    max_bytes=int(limits.get("disk_mb") or 0) << 20,
+                    max_files=int(limits.get("disk_files") or 0),
+                    start=self._next_disk_start,
+                )
+                # First: the baseline, unless measured before the block (a live process's).
+                self._quota.begin()
+            else:
+                self._quota = None
+            self._next_disk_start = None
             self._keep = request.get("keep") is True
             self._workdir = str(request["workdir"])
             self._calls = self._records = self._record_bytes = 0
@@ -321,16 +339,6 @@ class ChildLink:
             # the child (JSON may escape a byte into six); a call's arguments may be large alone.
             self._max_header = MAX_HEADER_BYTES + 20 * int(limits["stdout_bytes"])
             self._max_blob = int(limits["snapshot_bytes"]) + MAX_FIGURES * MAX_FIGURE_BYTES
-            if limits.get("disk_mb") or limits.get("disk_files"):
-                # process: the block's private TMPDIR is on disk too, and counts.
-                private = [isolation.block_tmp(self.pid)] if isolation.backend() == "process" else []
-                self._quota = quota.Quota(
-                    [str(request["workdir"]), *private],
-                    max_bytes=int(limits.get("disk_mb") or 0) << 20,
-                    max_files=int(limits.get("disk_files") or 0),
-                )
-            else:
-                self._quota = None
             self._phase = "running"
 
     # Running -----------------------------------------------------------------------------

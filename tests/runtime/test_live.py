@@ -344,3 +344,18 @@ async def test_a_block_that_hides_its_process_still_has_its_memory_counted(
     outcome = await run(budgeted, hide + HOLD.format(mb=160) + "x = 1\n", workdir=workdir)
     assert outcome.status == "ok", outcome.error
     assert budgeted.live_processes == 0
+
+
+async def test_the_disk_quota_holds_for_a_block_of_a_live_process(
+    live: RuntimePool, workspaces: Path
+) -> None:
+    """A live process's next block is measured against the directory as it was when the block
+    started, like a fresh one: writing past the quota and ending at once is still a limit."""
+    workdir = conversation(workspaces)
+    limits = Limits(disk_mb=2)
+    first = await run(live, "x = 1\n" + PID, workdir=workdir, limits=limits)
+    assert first.status == "ok", first.error
+    fill = "open('big', 'wb').write(b'x' * (8 << 20))\n"
+    second = await run(live, fill, workdir=workdir, snapshot=first.snapshot, limits=limits)
+    assert second.process == "live"
+    assert (second.status, second.limit) == ("limit", "disk 2MB")
