@@ -100,9 +100,8 @@ class ConversationRepository:
         """Store a conversation created by this request and its first turn, both built in memory and
         never added to the session: two Core inserts, without the unit of work's bookkeeping (half
         the CPU of storing them). Columns they leave unset take their defaults."""
-        for row in (conversation, turn):
-            table = cast(Table, type(row).__table__)
-            await self.session.execute(insert(table), _column_values(row))
+        await self.session.execute(_INSERT_CONVERSATION, _column_values(conversation))
+        await self.session.execute(_INSERT_TURN, _column_values(turn))
 
     async def finish_conversation(
         self, conversation: Conversation, *, seen_version: int, values: Mapping[str, Any]
@@ -129,7 +128,7 @@ class ConversationRepository:
         """Insert many messages in one statement (through Core: the ORM's bulk path splits a
         batch into one statement per set of None columns)."""
         if rows:
-            await self.session.execute(insert(cast(Table, Message.__table__)), list(rows))
+            await self.session.execute(_INSERT_MESSAGE, list(rows))
 
     def add_all(self, rows: Sequence[Message | Turn]) -> None:
         """Stage new messages and turns."""
@@ -429,9 +428,19 @@ def _canonical_float(text: str) -> float | None:
     return number if math.isfinite(number) and repr(number) == text else None
 
 
+# The hot-path statements below are on the tables, not the mapped classes: SQLAlchemy's ORM layer
+# adds 0.04-0.1 ms of CPU to each statement it executes (0.24 -> 0.17 ms for an UPDATE, 0.16 ->
+# 0.12 ms for the history SELECT against PostgreSQL); only ``_GET`` builds an object.
+_CONVERSATIONS = cast(Table, Conversation.__table__)
+_TURNS = cast(Table, Turn.__table__)
+_MESSAGES = cast(Table, Message.__table__)
+_EVENTS = cast(Table, Event.__table__)
+
+
 def _live_turn(now: datetime | ColumnElement[Any]) -> ColumnElement[bool]:
     """A turn that holds its conversation: queued, or running under a lease that has not lapsed."""
-    return or_(Turn.status == "queued", and_(Turn.status == "running", Turn.lease_expires_at >= now))
+    turns = _TURNS.c
+    return or_(turns.status == "queued", and_(turns.status == "running", turns.lease_expires_at >= now))
 
 
 # The statements every turn runs, built once with named parameters: SQLAlchemy then neither builds
@@ -440,31 +449,34 @@ def _live_turn(now: datetime | ColumnElement[Any]) -> ColumnElement[bool]:
 # that column's type, so each store converts it as it would a literal value.
 _ID: BindParameter[str] = bindparam("conversation_id")
 _GET = select(Conversation).where(Conversation.id == _ID, Conversation.tenant == bindparam("tenant"))
-_TURN_STATE = select(
-    Conversation.version,
-    select(func.coalesce(func.max(Event.seq), 0)).where(Event.conversation_id == _ID).scalar_subquery(),
-    select(Turn.id).where(Turn.conversation_id == _ID, _live_turn(bindparam("now"))).exists(),
-).where(Conversation.id == _ID)
-_TURN_COLUMNS: tuple[str, ...] = tuple(column.name for column in Turn.__table__.columns)
+_LAST_EVENT_SEQ = (
+    select(func.coalesce(func.max(_EVENTS.c.seq), 0))
+    .where(_EVENTS.c.conversation_id == _ID)
+    .scalar_subquery()
+)
+_HELD = select(_TURNS.c.id).where(_TURNS.c.conversation_id == _ID, _live_turn(bindparam("now"))).exists()
+_TURN_STATE = select(_CONVERSATIONS.c.version, _LAST_EVENT_SEQ, _HELD).where(_CONVERSATIONS.c.id == _ID)
+_TURN_COLUMNS: tuple[str, ...] = tuple(column.name for column in _TURNS.columns)
 # start_turn: the turn's row is selected from its conversation's, so it exists only if the
 # conversation is still at the version read before the lock and no live turn holds it.
 _START_TURN = (
-    insert(cast(Table, Turn.__table__))  # Core: the ORM would take the parameters for a bulk insert
+    insert(_TURNS)
     .from_select(
         _TURN_COLUMNS,
-        select(
-            *(bindparam(f"new_{name}", type_=Turn.__table__.c[name].type) for name in _TURN_COLUMNS)
-        ).where(
-            Conversation.id == _ID,
-            Conversation.version == bindparam("seen_version"),
-            ~select(Turn.id).where(Turn.conversation_id == _ID, _live_turn(bindparam("now"))).exists(),
+        select(*(bindparam(f"new_{name}", type_=_TURNS.c[name].type) for name in _TURN_COLUMNS)).where(
+            _CONVERSATIONS.c.id == _ID, _CONVERSATIONS.c.version == bindparam("seen_version"), ~_HELD
         ),
     )
-    .returning(
-        select(func.coalesce(func.max(Event.seq), 0)).where(Event.conversation_id == _ID).scalar_subquery()
-    )
+    .returning(_LAST_EVENT_SEQ)
 )
-_HISTORY = select(Message.role, Message.parts).where(Message.conversation_id == _ID).order_by(Message.seq)
+_INSERT_CONVERSATION = insert(_CONVERSATIONS)
+_INSERT_TURN = insert(_TURNS)
+_INSERT_MESSAGE = insert(_MESSAGES)
+_HISTORY = (
+    select(_MESSAGES.c.role, _MESSAGES.c.parts)
+    .where(_MESSAGES.c.conversation_id == _ID)
+    .order_by(_MESSAGES.c.seq)
+)
 
 
 def _column_values(row: Conversation | Turn) -> dict[str, Any]:
@@ -483,11 +495,10 @@ def _finish_conversation(attributes: tuple[str, ...]) -> Update:
     checks is the one the turn started from."""
     columns = Conversation.__mapper__.column_attrs
     return (
-        update(Conversation)
-        .where(Conversation.id == bindparam("finished_conversation_id"))
-        .where(Conversation.version == bindparam("seen_version"))
+        update(_CONVERSATIONS)
+        .where(_CONVERSATIONS.c.id == bindparam("finished_conversation_id"))
+        .where(_CONVERSATIONS.c.version == bindparam("seen_version"))
         .values({columns[key].columns[0]: bindparam(f"new_{key}") for key in attributes})
-        .execution_options(synchronize_session=False)
     )
 
 
@@ -496,9 +507,8 @@ def _finish_turn(columns: tuple[str, ...]) -> Update:
     """``finish_turn``'s statement for one set of columns, built once (``new_<column>`` parameters:
     a parameter may not bear a column's name in an UPDATE's SET)."""
     return (
-        update(Turn)
-        .where(Turn.id == bindparam("finished_turn_id"))
-        .values({column: bindparam(f"new_{column}") for column in columns})
-        .returning(*Turn.__table__.columns)
-        .execution_options(synchronize_session=False)
+        update(_TURNS)
+        .where(_TURNS.c.id == bindparam("finished_turn_id"))
+        .values({_TURNS.c[column]: bindparam(f"new_{column}") for column in columns})
+        .returning(*_TURNS.columns)
     )

@@ -19,7 +19,7 @@ class EventRepository:
         """Insert events (dicts of the ``events`` columns) in one statement (through Core: the
         ORM's bulk path splits a batch into one statement per set of None columns)."""
         if rows:
-            await self.session.execute(insert(cast(Table, Event.__table__)), list(rows))
+            await self.session.execute(_INSERT, list(rows))
 
     async def last_seq(self, *, conversation_id: str) -> int:
         """The highest stored seq of the conversation, 0 when it has none."""
@@ -47,3 +47,7 @@ class EventRepository:
         )
         value = result.scalar_one_or_none()
         return None if value is None else int(value)
+
+
+# Built once, on the table (the ORM's bulk path would split a batch by its None columns).
+_INSERT = insert(cast(Table, Event.__table__))
