@@ -67,8 +67,8 @@ def _entries(handle: int) -> list[tuple[os.stat_result | None, int | None]]:
     status (None when it cannot be measured: counted, never hidden) and, for a directory, a
     handle on it (the caller closes it). Nothing when the directory cannot be read."""
     _open_up(handle)
-    try:
-        directory = os.open(f"/proc/self/fd/{handle}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:  # the very directory of the handle, opened for reading (".", no link followed)
+        directory = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=handle)
     except OSError:
         return []
     found: list[tuple[os.stat_result | None, int | None]] = []
@@ -116,17 +116,19 @@ class Quota:
         # (bytes, entries) when the block started: given when measured before it (a live
         # process's next block, measured at the end of the last one), else measured by ``begin``.
         self._start = start
+        # The last whole measurement that found the directory within its quotas.
+        self.last: tuple[int, int] | None = None
 
     def begin(self) -> None:
         """Measure the baseline now, unless it was given."""
         if self._start is None:
-            self._start = usage(self.paths)
+            self._start = self.last = usage(self.paths)
 
     def exceeded(self) -> QuotaKind | None:
         """Which quota the directory is past now (and past its baseline), if any. The first
         call measures the baseline."""
         if self._start is None:
-            self._start = usage(self.paths)
+            self._start = self.last = usage(self.paths)
             return None
         start_bytes, start_files = self._start
         used, count = usage(
@@ -138,4 +140,6 @@ class Quota:
             return "disk"
         if self._max_files and count > max(self._max_files, start_files):
             return "disk_files"
+        # Within both: the walk stopped at neither cap, so it counted everything.
+        self.last = (used, count)
         return None

@@ -102,6 +102,16 @@ class _ProcFile:
             self._fd = -1
 
 
+def _pids(children: _ProcFile | None) -> list[int]:
+    """The pids a ``/proc/<pid>/task/<tid>/children`` lists (none when it cannot be read)."""
+    if children is None:
+        return []
+    try:
+        return [int(pid) for pid in children.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
 def _cpu_seconds(stat: _ProcFile | None) -> float:
     """CPU time used so far by the process of ``/proc/<pid>/stat`` (all its threads; 0 when it
     is gone)."""
@@ -211,9 +221,12 @@ class ChildLink:
         self._quota_lock = threading.Lock()
         # A live child's directory as its last block left it: its next block's disk baseline.
         self._next_disk_start: tuple[int, int] | None = None
-        # Its /proc stat and statm, opened once it is ready (``wait_ready``).
+        # Its /proc stat and statm, its children and the worker's (the block's orphans come to
+        # the worker), opened once it is ready (``wait_ready``).
         self._stat: _ProcFile | None = None
         self._statm: _ProcFile | None = None
+        self._children: _ProcFile | None = None
+        self._adopted: _ProcFile | None = None
         # The quota watchdog (``relay``): started once the child is ready, it begins with the
         # relay and stops when the child is gone.
         self._watchdog: threading.Thread | None = None
@@ -230,7 +243,7 @@ class ChildLink:
         for fd in (self._channel, self._output_fd, self._pidfd):
             with contextlib.suppress(OSError):
                 os.close(fd)
-        for proc in (self._stat, self._statm):
+        for proc in (self._stat, self._statm, self._children, self._adopted):
             if proc is not None:
                 proc.close()
 
@@ -255,6 +268,9 @@ class ChildLink:
                 # Ready, it is dumpable (its /proc files can be opened) and runs nothing of a block.
                 self._stat = _ProcFile(f"/proc/{self.pid}/stat")
                 self._statm = _ProcFile(f"/proc/{self.pid}/statm")
+                self._children = _ProcFile(f"/proc/{self.pid}/task/{self.pid}/children")
+                worker = os.getpid()
+                self._adopted = _ProcFile(f"/proc/{worker}/task/{worker}/children")
                 # What it holds when it starts is the worker's heap, shared copy-on-write (a write
                 # to a shared page leaves the count as it is): what it grows by is its own.
                 self._resident_base = _resident_kb(self._statm)
@@ -273,9 +289,10 @@ class ChildLink:
             self._tree_oom_base = self._meter.oom_kills()
             self._tree_cpu_base = self._meter.cpu_seconds()
         if self._phase == "live" and self._quota is not None:
-            # Its next block comes for the same directory: measured now, before it can write
-            # (what the block left running is dead already), not once it runs.
-            self._next_disk_start = quota.usage(self._quota.paths)
+            # Its next block comes for the same directory: as the block's end measured it (what
+            # the block left running was killed after that: anything it wrote since counts for
+            # the next block), before the next one can write, not once it runs.
+            self._next_disk_start = self._quota.last or quota.usage(self._quota.paths)
 
     def wait_run(self) -> dict[str, Any]:
         """Wait for the server's ``run`` (dropping replies meant for an earlier child), pass it
@@ -547,12 +564,25 @@ class ChildLink:
 
     def _end_leftovers(self) -> None:
         """A block's end in a process that stays live: what the block started dies now, as it
-        would with the process (its descendants, and orphans the worker adopted)."""
-        isolation.kill_tree(self.pid, wait_seconds=1.0)
-        for pid in isolation.children(os.getpid()):
-            if pid != self.pid:
+        would with the process. Its descendants first (its own children listed through the
+        descriptor opened when it was ready: /proc may hide a process that made itself
+        non-dumpable from a new open); then the orphans that come to the worker, their
+        subreaper, generation after generation until none is left: those of a process whose
+        own children /proc hid come once it is dead. Usually both lists are empty at once."""
+        children = self._children
+        if children is None:
+            isolation.kill_tree(self.pid, wait_seconds=1.0)
+        elif _pids(children):
+            isolation.kill_tree(self.pid, wait_seconds=1.0, read_children=lambda: _pids(children))
+        for _ in range(10_000):
+            adopted = _pids(self._adopted) if self._adopted is not None else isolation.children(os.getpid())
+            orphans = [pid for pid in adopted if pid != self.pid]
+            if not orphans:
+                return
+            for pid in orphans:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
+            for pid in orphans:
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(pid, 0)
 

@@ -359,3 +359,58 @@ async def test_the_disk_quota_holds_for_a_block_of_a_live_process(
     second = await run(live, fill, workdir=workdir, snapshot=first.snapshot, limits=limits)
     assert second.process == "live"
     assert (second.status, second.limit) == ("limit", "disk 2MB")
+
+
+# Whether the process of pid ``{pid}`` (a variable of the block) still exists.
+ALIVE = "try:\n    os.kill({pid}, 0)\n    result('alive')\nexcept ProcessLookupError:\n    result('gone')\n"
+
+
+async def test_what_a_hidden_block_started_dies_with_the_block(live: RuntimePool, workspaces: Path) -> None:
+    """The same when the block makes its process non-dumpable first (under bwrap, /proc then
+    hides it, and what it forks, from a new open by the worker): its leftovers still die."""
+    workdir = conversation(workspaces)
+    first = await run(
+        live,
+        "import ctypes, os, time\nassert ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) == 0\n"
+        "pid = os.fork()\nif pid == 0:\n    time.sleep(60)\n    os._exit(0)\nresult(pid)\n" + PID,
+        workdir=workdir,
+    )
+    assert first.status == "ok", first.error
+    second = await run(
+        live,
+        ALIVE.format(pid="pid") + PID,
+        workdir=workdir,
+        snapshot=first.snapshot,
+    )
+    assert second.results[1] == first.results[1]  # the live process
+    assert second.results[0] == "gone"
+
+
+async def test_what_a_hidden_block_started_dies_however_deep(live: RuntimePool, workspaces: Path) -> None:
+    """Below a hidden process, its own children cannot be listed: they come to the worker once
+    it is dead, and die then, generation after generation."""
+    workdir = conversation(workspaces)
+    first = await run(
+        live,
+        "import ctypes, os, time\nassert ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) == 0\n"
+        "r, w = os.pipe()\n"
+        "if os.fork() == 0:\n"
+        "    if os.fork() == 0:\n"
+        "        if os.fork() == 0:\n"
+        "            os.write(w, str(os.getpid()).encode())\n"
+        "            time.sleep(60)\n"
+        "        time.sleep(60)\n"
+        "    time.sleep(60)\n"
+        "    os._exit(0)\n"
+        "deepest = int(os.read(r, 32))\nresult(deepest)\n" + PID,
+        workdir=workdir,
+    )
+    assert first.status == "ok", first.error
+    second = await run(
+        live,
+        ALIVE.format(pid="deepest") + PID,
+        workdir=workdir,
+        snapshot=first.snapshot,
+    )
+    assert second.results[1] == first.results[1]  # the live process
+    assert second.results[0] == "gone"

@@ -11,6 +11,7 @@ import select
 import signal
 import threading
 import time
+from collections.abc import Callable
 from typing import Final
 
 # Linux constants (uapi; the same on every architecture this runs on).
@@ -129,16 +130,21 @@ def children(pid: int) -> list[int]:
         return []
 
 
-def kill_tree(root: int, *, wait_seconds: float = 0.0) -> None:
+def kill_tree(
+    root: int, *, wait_seconds: float = 0.0, read_children: Callable[[], list[int]] | None = None
+) -> None:
     """SIGKILL every descendant of ``root`` (not ``root`` itself): stopped first, walk after walk,
     until no new one appears, so none can fork away while the tree is taken down. For a process
     worker the server gives up on: the daemons its blocks left are re-parented to it (their
     subreaper) and would otherwise pass to init when it dies. ``wait_seconds``: also wait (at
-    most that long) until each has exited, so its parent finds it ready to reap."""
+    most that long) until each has exited, so its parent finds it ready to reap.
+    ``read_children``: how to list ``root``'s own children, when the caller can where a fresh open
+    of its /proc directory cannot (a descriptor opened earlier: /proc hides a non-dumpable
+    process from a new open under ``hidepid``)."""
     stopped: list[int] = []
     seen: set[int] = set()
     for _ in range(1000):
-        found = [pid for pid in _descendants(root) if pid not in seen]
+        found = [pid for pid in _descendants(root, read_children) if pid not in seen]
         if not found:
             break
         for pid in found:
@@ -173,11 +179,12 @@ def _await_exits(pidfds: list[int], *, timeout: float) -> None:
             os.close(fd)
 
 
-def _descendants(root: int) -> list[int]:
+def _descendants(root: int, read_children: Callable[[], list[int]] | None = None) -> list[int]:
     found: list[int] = []
     stack = [root]
     while stack:
-        for child in children(stack.pop()):
+        pid = stack.pop()
+        for child in read_children() if pid == root and read_children is not None else children(pid):
             found.append(child)
             stack.append(child)
     return found
