@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import pwd
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -58,15 +59,18 @@ def conversation_identity(workdir: str, *, base: Identity | None, backend: Backe
     return Identity(uid, uid)
 
 
-def adopt(path: Path, identity: Identity | None) -> None:
+def adopt(path: str | Path, identity: Identity | None, *, mode: int | None = None) -> None:
     """Give a conversation's directory to ``identity`` (when the server runs as root), so that
-    the block can write in it. Files the server writes into it stay the server's (readable)."""
+    the block can write in it, and (``mode``) set its permissions, unless it has them already.
+    Files the server writes into it stay the server's (readable)."""
     if identity is None:
         return
     try:
         info = os.stat(path, follow_symlinks=False)
         if (info.st_uid, info.st_gid) != (identity.uid, identity.gid):
             os.chown(path, identity.uid, identity.gid, follow_symlinks=False)
+        if mode is not None and (not stat.S_ISDIR(info.st_mode) or stat.S_IMODE(info.st_mode) != mode):
+            os.chmod(path, mode)
     except FileNotFoundError:
         pass  # the block reports that it cannot enter it
 
