@@ -7,11 +7,14 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from sqlalchemy import (
+    JSON,
     BindParameter,
     ColumnElement,
+    Insert,
+    Select,
     Table,
     Update,
     and_,
@@ -19,6 +22,7 @@ from sqlalchemy import (
     delete,
     func,
     insert,
+    literal_column,
     or_,
     select,
     update,
@@ -96,28 +100,68 @@ class ConversationRepository:
         row = (await self.session.execute(_START_TURN, params)).first()
         return None if row is None else int(row[0])
 
-    async def insert_new(self, conversation: Conversation, turn: Turn) -> None:
-        """Store a conversation created by this request and its first turn, both built in memory and
-        never added to the session: two Core inserts, without the unit of work's bookkeeping (half
-        the CPU of storing them). Columns they leave unset take their defaults."""
-        await self.session.execute(_INSERT_CONVERSATION, _column_values(conversation))
-        await self.session.execute(_INSERT_TURN, _column_values(turn))
+    async def insert_new(
+        self, conversation: Conversation, turn: Turn, messages: Sequence[dict[str, Any]]
+    ) -> None:
+        """Store a conversation created by this request, its first turn and its messages, all built
+        in memory (never added to the session): on PostgreSQL one statement (the inserts as
+        data-modifying CTEs), elsewhere three. Columns left unset take their defaults."""
+        conversation_values, turn_values = _column_values(conversation), _column_values(turn)
+        if self._postgres:
+            params = {f"conversation_{key}": value for key, value in conversation_values.items()}
+            params |= {f"turn_{key}": value for key, value in turn_values.items()}
+            params["messages_json"] = _json_rows(messages)
+            await self.session.execute(_insert_new(tuple(conversation_values), tuple(turn_values)), params)
+            return
+        await self.session.execute(_INSERT_CONVERSATION, conversation_values)
+        await self.session.execute(_INSERT_TURN, turn_values)
+        await self.insert_messages(messages)
 
-    async def finish_conversation(
-        self, conversation: Conversation, *, seen_version: int, values: Mapping[str, Any]
-    ) -> bool:
-        """Store a turn's outcome on its conversation (``values`` by attribute) if it is still at
-        ``seen_version``, in one prebuilt UPDATE; the loaded object then holds them as stored (not
-        dirty). False when another turn changed it first (its lease had lapsed): nothing written."""
-        statement = _finish_conversation(tuple(values))
-        params = {f"new_{key}": value for key, value in values.items()}
-        params |= {"finished_conversation_id": conversation.id, "seen_version": seen_version}
-        result = await self.session.execute(statement, params)
-        if not getattr(result, "rowcount", 0):
-            return False
+    async def finish(
+        self,
+        conversation: Conversation,
+        *,
+        seen_version: int,
+        values: Mapping[str, Any],
+        turn_id: str,
+        finished: Mapping[str, Any],
+        messages: Sequence[dict[str, Any]],
+    ) -> Turn | Literal["stale", "gone"]:
+        """Store a turn's outcome: on its conversation ``values`` (by attribute), on its turn
+        ``finished`` (by column), and its new ``messages``, if the conversation is still at
+        ``seen_version``. On PostgreSQL in one statement (data-modifying CTEs), elsewhere three.
+
+        The turn's row as stored (a cancel request that came meanwhile included); ``"stale"``
+        when another turn changed the conversation first (its lease had lapsed: the caller rolls
+        back); ``"gone"`` when the conversation was written but the turn's row is missing. The
+        loaded object then holds ``values`` as stored, not dirty."""
+        conversation_params = {f"conversation_{key}": value for key, value in values.items()}
+        conversation_params |= {"finished_conversation_id": conversation.id, "seen_version": seen_version}
+        turn_params = {f"turn_{key}": value for key, value in finished.items()}
+        turn_params["finished_turn_id"] = turn_id
+        if self._postgres:
+            statement = _finish_postgres(tuple(values), tuple(finished))
+            params = {**conversation_params, **turn_params, "messages_json": _json_rows(messages)}
+            row = (await self.session.execute(statement, params)).one_or_none()
+            if row is None:
+                stored = await self.session.scalar(
+                    select(_CONVERSATIONS.c.version).where(_CONVERSATIONS.c.id == conversation.id)
+                )
+                if stored != values.get("version", seen_version):
+                    return "stale"
+        else:
+            result = await self.session.execute(_finish_conversation(tuple(values)), conversation_params)
+            if not getattr(result, "rowcount", 0):
+                return "stale"
+            row = (await self.session.execute(_finish_turn(tuple(finished)), turn_params)).one_or_none()
+            await self.insert_messages(messages)
         for key, value in values.items():
             set_committed_value(conversation, key, value)
-        return True
+        return "gone" if row is None else Turn(**row._asdict())
+
+    @property
+    def _postgres(self) -> bool:
+        return self.session.get_bind().dialect.name == "postgresql"
 
     async def history(self, *, conversation_id: str) -> list[tuple[Any, Any]]:
         """``(role, parts)`` of every message in order, without building ORM objects (hot path)."""
@@ -261,7 +305,7 @@ class ConversationRepository:
     async def finish_turn(self, *, turn_id: str, values: Mapping[str, Any]) -> Turn | None:
         """Store a started turn's outcome in one statement (no read first); returns the row as stored
         (what others may have set meanwhile, such as a cancel request, included), None if it is gone."""
-        params = {f"new_{key}": value for key, value in values.items()}
+        params = {f"turn_{key}": value for key, value in values.items()}
         result = await self.session.execute(
             _finish_turn(tuple(values)), {"finished_turn_id": turn_id, **params}
         )
@@ -472,6 +516,16 @@ _START_TURN = (
 _INSERT_CONVERSATION = insert(_CONVERSATIONS)
 _INSERT_TURN = insert(_TURNS)
 _INSERT_MESSAGE = insert(_MESSAGES)
+# PostgreSQL: messages given as one JSON array (one parameter, in a statement with others).
+_GIVEN_MESSAGES = (
+    func.json_populate_recordset(literal_column("NULL::messages"), bindparam("messages_json", type_=JSON()))
+    .table_valued(*_MESSAGES.columns.keys())
+    .alias("given_messages")
+)
+_MESSAGE_COLUMNS = [column.name for column in _MESSAGES.columns]
+_INSERT_MESSAGES_JSON = insert(_MESSAGES).from_select(
+    _MESSAGE_COLUMNS, select(*(_GIVEN_MESSAGES.c[name] for name in _MESSAGE_COLUMNS))
+)
 _HISTORY = (
     select(_MESSAGES.c.role, _MESSAGES.c.parts)
     .where(_MESSAGES.c.conversation_id == _ID)
@@ -491,15 +545,54 @@ def _column_values(row: Conversation | Turn) -> dict[str, Any]:
 
 @functools.cache
 def _finish_conversation(attributes: tuple[str, ...]) -> Update:
-    """``finish_conversation``'s statement for one set of attributes, built once; the version it
-    checks is the one the turn started from."""
+    """The UPDATE of a conversation a turn ends (``conversation_<attribute>`` parameters), built
+    once per set of attributes; the version it checks is the one the turn started from."""
     columns = Conversation.__mapper__.column_attrs
     return (
         update(_CONVERSATIONS)
         .where(_CONVERSATIONS.c.id == bindparam("finished_conversation_id"))
         .where(_CONVERSATIONS.c.version == bindparam("seen_version"))
-        .values({columns[key].columns[0]: bindparam(f"new_{key}") for key in attributes})
+        .values({columns[key].columns[0]: bindparam(f"conversation_{key}") for key in attributes})
     )
+
+
+@functools.cache
+def _finish_postgres(attributes: tuple[str, ...], columns: tuple[str, ...]) -> Select[Any]:
+    """PostgreSQL: the conversation's UPDATE, the turn's (only if the first matched) and the
+    messages' INSERT as one statement, which returns the turn's row."""
+    conversation = _finish_conversation(attributes).returning(_CONVERSATIONS.c.id).cte("ended_conversation")
+    turn = _finish_turn(columns).where(select(conversation.c.id).exists()).cte("ended_turn")
+    return select(turn).add_cte(_INSERT_MESSAGES_JSON.cte("new_messages"))
+
+
+@functools.cache
+def _insert_new(conversation_columns: tuple[str, ...], turn_columns: tuple[str, ...]) -> Insert:
+    """PostgreSQL: a new conversation's, its first turn's and its messages' INSERTs as one
+    statement (foreign keys are checked at its end)."""
+    conversation = (
+        insert(_CONVERSATIONS)
+        .values(
+            {
+                name: bindparam(f"conversation_{name}", type_=_CONVERSATIONS.c[name].type)
+                for name in conversation_columns
+            }
+        )
+        .cte("new_conversation")
+    )
+    turn = (
+        insert(_TURNS)
+        .values({name: bindparam(f"turn_{name}", type_=_TURNS.c[name].type) for name in turn_columns})
+        .cte("new_turn")
+    )
+    return _INSERT_MESSAGES_JSON.add_cte(conversation, turn)
+
+
+def _json_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows as one JSON parameter for ``json_populate_recordset`` (datetimes as ISO 8601 text)."""
+    return [
+        {key: value.isoformat() if isinstance(value, datetime) else value for key, value in row.items()}
+        for row in rows
+    ]
 
 
 @functools.cache
@@ -509,6 +602,6 @@ def _finish_turn(columns: tuple[str, ...]) -> Update:
     return (
         update(_TURNS)
         .where(_TURNS.c.id == bindparam("finished_turn_id"))
-        .values({_TURNS.c[column]: bindparam(f"new_{column}") for column in columns})
+        .values({_TURNS.c[column]: bindparam(f"turn_{column}") for column in columns})
         .returning(*_TURNS.columns)
     )

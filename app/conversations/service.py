@@ -1220,7 +1220,7 @@ class ConversationService:
             "iterations": conversation.iterations + usage.iterations,
             "updated_at": now,
         }
-        if new:  # neither is stored yet: both rows in full, through Core
+        if new:  # neither is stored yet: both rows in full
             for key, value in stored.items():
                 setattr(conversation, key, value)
             row = Turn(
@@ -1233,17 +1233,22 @@ class ConversationService:
                 started_at=now,
                 **finished,
             )
-            await self.repo.insert_new(conversation, row)
+            await self.repo.insert_new(conversation, row, messages)
         else:
-            # The conversation first, its version checked: a turn whose lease lapsed and was taken
-            # over must not overwrite the turn that took over, nor end its own row.
-            if not await self.repo.finish_conversation(
-                conversation, seen_version=conversation.version, values=stored
-            ):
+            # Checked against the version the turn started from: a turn whose lease lapsed and
+            # was taken over must not overwrite the turn that took over, nor end its own row.
+            ended = await self.repo.finish(
+                conversation,
+                seen_version=conversation.version,
+                values=stored,
+                turn_id=turn_id,
+                finished=finished,
+                messages=messages,
+            )
+            if ended == "stale":
                 raise TurnRunning("The conversation changed while this turn ran; its result was discarded.")
-            found = await self.repo.finish_turn(turn_id=turn_id, values=finished)
-            if found is None:  # its row went missing meanwhile: stored again, as it ended
-                found = Turn(
+            if ended == "gone":  # its row went missing meanwhile: stored again, as it ended
+                ended = Turn(
                     id=turn_id,
                     conversation_id=conversation.id,
                     background=False,
@@ -1252,8 +1257,8 @@ class ConversationService:
                     started_at=now,
                     **finished,
                 )
-                self.session.add(found)
-            row = found
+                self.session.add(ended)
+            row = ended
         # After their conversation's row (the unit of work flushes them at the commit).
         self.session.add_all(
             StoredFile(
@@ -1271,7 +1276,6 @@ class ConversationService:
             if isinstance(part, HelpersResultPart)
             for file_id, png in zip(part.files, message.images, strict=True)
         )
-        await self.repo.insert_messages(messages)
         turn = self.turn_out(row, conversation)
         recorder.emit(_end_type(outcome.status), turn.model_dump(mode="json"))
         return turn, await recorder.drain(self.session)

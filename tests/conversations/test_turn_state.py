@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import pytest
+from sqlalchemy import delete
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.conversations.repository import ConversationRepository
@@ -271,29 +272,83 @@ async def test_start_turn_checks_and_writes_in_one_statement(session: AsyncSessi
     await session.rollback()
 
 
-async def test_finish_conversation_checks_the_version_and_leaves_the_object_clean(
-    session: AsyncSession,
-) -> None:
-    """A turn's outcome reaches its conversation only from the version the turn started at (a
-    turn whose lease lapsed and was taken over writes nothing); once written, the loaded object
-    holds the values as stored, so no later flush writes them again."""
+def _message(conversation_id: str, turn_id: str, seq: int) -> dict[str, object]:
+    return {
+        "id": new_id("msg"),
+        "conversation_id": conversation_id,
+        "seq": seq,
+        "turn_id": turn_id,
+        "role": "assistant",
+        "parts": [{"type": "text", "text": f"ünïcode {seq} \" ' \\"}],
+        "created_at": utcnow(),
+    }
+
+
+async def test_finish_checks_the_version_and_leaves_the_object_clean(session: AsyncSession) -> None:
+    """A turn's outcome (conversation, turn, messages) is stored only from the version the turn
+    started at: a turn whose lease lapsed and was taken over writes nothing. Once stored, the
+    turn's row comes back as stored, the messages are there as given, and the loaded object holds
+    the values without being dirty (no later flush writes them again)."""
     repo = ConversationRepository(session)
     conversation = conversation_row("t", version=3)
     session.add(conversation)
+    turn = _turn(conversation.id, status="running", lease=timedelta(seconds=30))
+    session.add(turn)
     await session.flush()
-    values = {"version": 4, "next_seq": 9, "snapshot": b"\x00ns", "paused": {"k": [1]}, "status": "idle"}
+    values = {"version": 4, "next_seq": 2, "snapshot": b"\x00ns", "paused": {"k": [1]}, "status": "idle"}
+    finished = {"status": "completed", "output": "done", "usage": {"llm_calls": 1}, "version": 4}
+    messages = [_message(conversation.id, turn.id, 0), _message(conversation.id, turn.id, 1)]
 
-    assert not await repo.finish_conversation(conversation, seen_version=2, values=values)
-    assert conversation.version == 3
-    assert await repo.finish_conversation(conversation, seen_version=3, values=values)
-    assert (conversation.version, conversation.next_seq, conversation.paused) == (4, 9, {"k": [1]})
+    refused = await repo.finish(
+        conversation, seen_version=2, values=values, turn_id=turn.id, finished=finished, messages=messages
+    )
+    assert refused == "stale"
+    await session.rollback()  # what the service does with a stale outcome
+    session.add(conversation := conversation_row("t", version=3))
+    session.add(turn := _turn(conversation.id, status="running", lease=timedelta(seconds=30)))
+    await session.flush()
+    messages = [_message(conversation.id, turn.id, 0), _message(conversation.id, turn.id, 1)]
+
+    row = await repo.finish(
+        conversation, seen_version=3, values=values, turn_id=turn.id, finished=finished, messages=messages
+    )
+    assert isinstance(row, Turn)
+    assert (row.status, row.output, row.usage, row.version, row.background) == (
+        "completed",
+        "done",
+        {"llm_calls": 1},
+        4,
+        True,
+    )
+    assert (conversation.version, conversation.next_seq, conversation.paused) == (4, 2, {"k": [1]})
     assert not session.dirty
     session.expire(conversation)
     await session.refresh(conversation)
-    assert (conversation.version, conversation.next_seq, conversation.snapshot) == (4, 9, b"\x00ns")
+    assert (conversation.version, conversation.next_seq, conversation.snapshot) == (4, 2, b"\x00ns")
     assert conversation.paused == {"k": [1]}
+    stored = await repo.messages(conversation_id=conversation.id)
+    assert [(m.id, m.seq, m.parts, m.created_at) for m in stored] == [
+        (m["id"], m["seq"], m["parts"], m["created_at"]) for m in messages
+    ]
     # The next turn started from 4; one still holding 3 is refused.
-    assert not await repo.finish_conversation(conversation, seen_version=3, values={"version": 5})
+    assert (
+        await repo.finish(
+            conversation,
+            seen_version=3,
+            values={"version": 5},
+            turn_id=turn.id,
+            finished=finished,
+            messages=[],
+        )
+        == "stale"
+    )
+    # A turn row gone missing: the conversation is written, the caller stores the turn again.
+    await session.execute(delete(Turn).where(Turn.id == turn.id))
+    gone = await repo.finish(
+        conversation, seen_version=4, values={"version": 5}, turn_id=turn.id, finished=finished, messages=[]
+    )
+    assert gone == "gone"
+    assert conversation.version == 5
     await session.rollback()
 
 
@@ -302,8 +357,9 @@ async def test_insert_new_stores_what_was_given_and_defaults_the_rest(session: A
     conversation = conversation_row("t", version=1)
     conversation.metadata_ = {"team": "a"}
     turn = _turn(conversation.id, status="completed", lease=None)
-    await repo.insert_new(conversation, turn)
-    assert conversation not in session  # never attached: two Core inserts
+    messages = [_message(conversation.id, turn.id, 0)]
+    await repo.insert_new(conversation, turn, messages)
+    assert conversation not in session  # never attached: Core statements
     stored = await repo.get(tenant="t", conversation_id=conversation.id)
     assert stored is not None
     assert (stored.version, stored.metadata_, stored.lock_turn_id, stored.snapshot) == (
@@ -315,4 +371,7 @@ async def test_insert_new_stores_what_was_given_and_defaults_the_rest(session: A
     row = await session.get(Turn, turn.id)
     assert row is not None
     assert (row.status, row.usage, row.warnings, row.background) == ("completed", {}, [], True)
+    assert [(m.id, m.parts) for m in await repo.messages(conversation_id=conversation.id)] == [
+        (messages[0]["id"], messages[0]["parts"])
+    ]
     await session.rollback()
