@@ -5,8 +5,11 @@ into a raw BPF program; ``Filter.install`` hands that program to the kernel in e
 with one ``seccomp(SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC)`` call, for every thread of
 the child at once: the child already runs a helper thread when it installs the filter, and a
 thread left unfiltered would be a way around it. The kernel still checks, JIT-compiles and
-caches the program at each install (about 0.1 ms for this one); ``Filter.warm`` in the idle
-child keeps the first-call costs of ctypes after a fork off the block's path.
+caches the program at each install (about 0.1 ms for this one), so a child installs it while it
+waits for its block; a bwrap child, which still mounts its block's directory then, installs it
+with mount(2) left open and closes that with ``mount_closer`` (a few instructions) before any
+code of the block runs. ``Filter.warm`` keeps the first-call costs of ctypes after a fork off
+the block's path.
 
 What it denies (everything else is allowed):
 
@@ -220,9 +223,11 @@ class Filter:
     at it are ready, so installing costs one prctl and one seccomp system call.
     """
 
-    __slots__ = ("_buffer", "_nr", "_program", "instructions", "ipc", "network", "unix_sockets")
+    __slots__ = ("_buffer", "_nr", "_program", "instructions", "ipc", "mount", "network", "unix_sockets")
 
-    def __init__(self, program: bytes, *, network: bool, unix_sockets: bool, ipc: bool = True) -> None:
+    def __init__(
+        self, program: bytes, *, network: bool, unix_sockets: bool, ipc: bool = True, mount: bool = False
+    ) -> None:
         count, rest = divmod(len(program), _SOCK_FILTER_SIZE)
         if rest or not 0 < count <= _BPF_MAXINSNS:
             raise ValueError(f"not a BPF program of 1 to {_BPF_MAXINSNS} instructions: {len(program)} bytes")
@@ -233,6 +238,7 @@ class Filter:
         self.network = network
         self.unix_sockets = unix_sockets
         self.ipc = ipc
+        self.mount = mount  # it lets mount(2) through: ``mount_closer`` must follow
 
     @property
     def program(self) -> bytes:
@@ -297,12 +303,14 @@ def available() -> str | None:
     return f"seccomp filters with TSYNC are not available: {os.strerror(code) if result == -1 else result}"
 
 
-def build(*, network: bool, unix_sockets: bool, ipc: bool = True) -> Filter:
+def build(*, network: bool, unix_sockets: bool, ipc: bool = True, mount: bool = False) -> Filter:
     """Compile the sandbox's filter (in the worker, once): sockets as the arguments allow.
 
     ``network``: sockets of every family (the rest of the filter is the same);
     ``unix_sockets``: ``socket(AF_UNIX)`` (socketpair is always allowed); ``ipc``: SysV IPC and
-    POSIX message queues.
+    POSIX message queues. ``mount``: mount(2) left allowed, for a child that installs the filter
+    while idle and still mounts its block's directory when the block comes: ``mount_closer``,
+    installed then, denies it (seccomp filters stack: the stricter answer wins).
     """
     import pyseccomp as sc
 
@@ -315,7 +323,8 @@ def build(*, network: bool, unix_sockets: bool, ipc: bool = True) -> Filter:
         rules.set_attr(sc.Attr.CTL_OPTIMIZE, 2)
     eperm = sc.ERRNO(errno.EPERM)
     for name in DENIED:
-        _add(sc, rules, eperm, name)
+        if not (mount and name == "mount"):
+            _add(sc, rules, eperm, name)
     _add(sc, rules, sc.ERRNO(errno.ENOSYS), "clone3")
     # inotify watches files by path, past Landlock (which does not check it) and onto files
     # every block shares (the Python installation): what another conversation imports and
@@ -342,7 +351,20 @@ def build(*, network: bool, unix_sockets: bool, ipc: bool = True) -> Filter:
     if not ipc:
         for name in IPC:
             _add(sc, rules, sc.ERRNO(errno.ENOSYS), name)
-    return Filter(_export(rules), network=network, unix_sockets=unix_sockets, ipc=ipc)
+    return Filter(_export(rules), network=network, unix_sockets=unix_sockets, ipc=ipc, mount=mount)
+
+
+def mount_closer() -> Filter:
+    """The second stage of a filter built with ``mount=True``: mount(2) denied with EPERM, as the
+    whole filter does, and nothing else (a system call of another ABI kills, as there). A few
+    instructions: installing it costs a fraction of the whole filter's install, which the
+    kernel emulates for every system call number."""
+    import pyseccomp as sc
+
+    rules = sc.SyscallFilter(sc.ALLOW)
+    rules.set_attr(sc.Attr.ACT_BADARCH, sc.KILL_PROCESS)
+    _add(sc, rules, sc.ERRNO(errno.EPERM), "mount")
+    return Filter(_export(rules), network=True, unix_sockets=True)
 
 
 def _add(sc: Any, rules: Any, action: int, name: str, *args: Any) -> None:

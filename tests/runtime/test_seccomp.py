@@ -148,6 +148,31 @@ def test_denied_system_calls_fail_with_eperm(closed: seccomp.Filter) -> None:
         assert unfiltered[name][1] != errno.EPERM, f"{name} fails with EPERM even without the filter"
 
 
+def test_mount_is_closed_by_the_second_stage(closed: seccomp.Filter) -> None:
+    """A child installs the filter while idle with mount(2) left open (it still mounts its
+    block's directory), then the closer when its block comes: together they deny all the whole
+    filter denies; before the closer, only mount gets through."""
+    staged = seccomp.build(network=False, unix_sockets=False, mount=True)
+    closer = seccomp.mount_closer()
+    assert (staged.mount, closed.mount) == (True, False)
+    assert closer.instructions < staged.instructions // 4
+
+    def attempt(stages: tuple[seccomp.Filter, ...]) -> dict[str, list[int]]:
+        for stage in stages:
+            stage.install()
+        return {name: list(_sys(name, *args)) for name, args in _DENIED_CALLS.items()}
+
+    idle, _ = in_child(lambda: attempt((staged,)))
+    both, status = in_child(lambda: attempt((staged, closer)))
+    alone, _ = in_child(lambda: attempt((closer,)))
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert both == {name: [-1, errno.EPERM] for name in _DENIED_CALLS}
+    assert idle.pop("mount")[1] != errno.EPERM
+    assert idle == {name: [-1, errno.EPERM] for name in idle}
+    assert alone.pop("mount") == [-1, errno.EPERM]
+    assert all(result[1] != errno.EPERM for result in alone.values())
+
+
 def test_namespaces_tracing_and_clone3(closed: seccomp.Filter) -> None:
     def attempt() -> dict[str, list[int]]:
         closed.install()

@@ -72,9 +72,12 @@ class _State:
     privileged = False
     main_tid = 0
     unprivileged_tids: set[int] = set()  # noqa: RUF012 (module state, one per process)
+    # bwrap: the filter below leaves mount(2) open for ``enter``, which then installs this.
+    mount_closer: seccomp.Filter | None = None
     # The syscall filter every block gets (built once, in the worker); process: what else a
     # block may read (the worker's matplotlib cache), and the child's Landlock ruleset.
     seccomp: seccomp.Filter | None = None
+    filtered = False  # the child installed ``seccomp`` (``after_fork``)
     readable: list[str] = []  # noqa: RUF012 (module state, one per process)
     ruleset: landlock.Ruleset | None = None
     hides_processes = False  # see ``_hide_other_processes``
@@ -123,7 +126,12 @@ def configure_worker(backend: Backend, *, workspaces: str | None, identity: Iden
     # is retired, any cgroup that bounds it; bwrap: the block's own, but the kernel frees that
     # some time after the block's last process is gone, so the next block in the worker starts
     # with the segment still charged to its cgroup (and may be killed for its memory).
-    _State.seccomp = seccomp.build(network=False, unix_sockets=backend == "bwrap", ipc=False)
+    # Each child installs it while idle (``after_fork``): the kernel's work on the whole program
+    # (about 0.1 ms) is then off the block's path. bwrap: with mount(2) still allowed for
+    # ``enter``, which closes it with a filter of a few instructions before the code runs.
+    bwrap = backend == "bwrap"
+    _State.seccomp = seccomp.build(network=False, unix_sockets=bwrap, ipc=False, mount=bwrap)
+    _State.mount_closer = seccomp.mount_closer() if bwrap else None
     if backend == "process" and landlock.abi() < 1:
         raise RuntimeError(
             "the process sandbox needs Landlock (Linux 5.13+, enabled in the kernel's LSM list) "
@@ -220,7 +228,19 @@ def make_reachable(paths: Sequence[Path], identity: Identity) -> None:
 
 
 def after_fork() -> None:
-    """In a freshly forked child, while it is still single-threaded: prepare its private view.
+    """In a freshly forked child, while it is still single-threaded: prepare its private view
+    (``_prepare``), then install the system call filter (bwrap: mount(2) still open, for
+    ``enter``), all before anything of a block reaches the child."""
+    _prepare()
+    if _State.seccomp is not None:
+        _State.seccomp.install()
+        _State.filtered = True
+        if _State.mount_closer is not None:
+            _State.mount_closer.warm()
+
+
+def _prepare() -> None:
+    """The child's private view, while it is still single-threaded.
 
     bwrap: see the module docstring; nothing here depends on the block. process, as root: drop
     the groups and the bounding set now; ``enter`` switches the user when the block arrives
@@ -239,6 +259,7 @@ def after_fork() -> None:
     identity = _State.identity
     if _State.seccomp is not None:
         _State.seccomp.warm()
+    _State.filtered = False
     if _State.backend == "process":
         _State.ruleset = landlock.Ruleset(deny_tcp=True, scope=True)
         _State.ruleset.allow(read_only=_process_readable(), read_write=["/dev/null"])
@@ -351,8 +372,13 @@ def enter(workdir: str, limits: Mapping[str, Any]) -> None:
         _confine_process(workdir)
     else:
         os.chdir(workdir)
-    if _State.seccomp is not None:
-        _State.seccomp.install()
+    if _State.seccomp is not None and not _State.filtered:
+        _State.seccomp.install()  # a child prepared without ``after_fork``
+        _State.filtered = True
+    if _State.seccomp is not None and _State.seccomp.mount:
+        if _State.mount_closer is None:
+            raise OSError(errno.EPERM, "the filter leaves mount(2) open and nothing closes it")
+        _State.mount_closer.install()
 
 
 def tmpfs_bytes(limits: Mapping[str, Any]) -> int:
