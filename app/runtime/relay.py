@@ -227,17 +227,14 @@ class ChildLink:
         self._statm: _ProcFile | None = None
         self._children: _ProcFile | None = None
         self._adopted: _ProcFile | None = None
-        # The quota watchdog (``relay``): started once the child is ready, it begins with the
-        # relay and stops when the child is gone.
+        # The quota watchdog (``relay``): started once the child is ready, stopped when it is gone.
         self._watchdog: threading.Thread | None = None
-        self._begun = threading.Event()
         self._stop = threading.Event()
 
     def close(self) -> None:
         """Stop the watchdog and release the worker's descriptors of this child (after it is
         reaped): the worker forks its next child with no other thread running."""
         self._stop.set()
-        self._begun.set()
         if self._watchdog is not None:
             self._watchdog.join()
         for fd in (self._channel, self._output_fd, self._pidfd):
@@ -370,7 +367,6 @@ class ChildLink:
         watchdog = self._watchdog
         if watchdog is None and (self._quota is not None or self._keep or self._meter is not None):
             watchdog = self._start_watchdog()  # not started while it was idle (tests)
-        self._begun.set()
         try:
             return self._relay(poller, server_fd)
         finally:
@@ -381,13 +377,13 @@ class ChildLink:
     def _start_watchdog(self) -> threading.Thread:
         """Start the thread that measures the quotas on a timer of its own (a child that stalls
         a read or a write of the relay loop for up to STALL_SECONDS must not stop it). Started
-        while the child is idle, off the request path; it waits for ``relay`` to begin."""
+        while the child is idle, off the request path; it measures while a block runs, on its
+        own timer (nothing wakes it when a block starts: that wake-up competed with the child's)."""
         self._watchdog = threading.Thread(target=self._watch_quota, daemon=True)
         self._watchdog.start()
         return self._watchdog
 
     def _watch_quota(self) -> None:
-        self._begun.wait()
         stop = self._stop
         while not stop.wait(QUOTA_INTERVAL_SECONDS):
             with self._quota_lock:
