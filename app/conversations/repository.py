@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -16,21 +17,25 @@ from sqlalchemy import (
     Insert,
     Select,
     Table,
+    Text,
     Update,
     and_,
     bindparam,
     delete,
     func,
     insert,
-    literal_column,
     or_,
     select,
+    true,
     update,
 )
+from sqlalchemy import cast as cast_
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import defer
 from sqlalchemy.orm.attributes import instance_state, set_committed_value
 
+from app.kit.clock import utcnow
 from app.models import ChatLink, Conversation, Event, Message, StoredFile, Turn
 
 
@@ -110,7 +115,7 @@ class ConversationRepository:
         if self._postgres:
             params = {f"conversation_{key}": value for key, value in conversation_values.items()}
             params |= {f"turn_{key}": value for key, value in turn_values.items()}
-            params["messages_json"] = _json_rows(messages)
+            params |= _message_arrays(messages)
             await self.session.execute(_insert_new(tuple(conversation_values), tuple(turn_values)), params)
             return
         await self.session.execute(_INSERT_CONVERSATION, conversation_values)
@@ -135,20 +140,18 @@ class ConversationRepository:
         when another turn changed the conversation first (its lease had lapsed: the caller rolls
         back); ``"gone"`` when the conversation was written but the turn's row is missing. The
         loaded object then holds ``values`` as stored, not dirty."""
+        values = {"updated_at": utcnow(), **values}  # not left to the column's onupdate: in a CTE it is NULL
         conversation_params = {f"conversation_{key}": value for key, value in values.items()}
         conversation_params |= {"finished_conversation_id": conversation.id, "seen_version": seen_version}
         turn_params = {f"turn_{key}": value for key, value in finished.items()}
         turn_params["finished_turn_id"] = turn_id
         if self._postgres:
             statement = _finish_postgres(tuple(values), tuple(finished))
-            params = {**conversation_params, **turn_params, "messages_json": _json_rows(messages)}
-            row = (await self.session.execute(statement, params)).one_or_none()
-            if row is None:
-                stored = await self.session.scalar(
-                    select(_CONVERSATIONS.c.version).where(_CONVERSATIONS.c.id == conversation.id)
-                )
-                if stored != values.get("version", seen_version):
-                    return "stale"
+            params = {**conversation_params, **turn_params, **_message_arrays(messages)}
+            ended = (await self.session.execute(statement, params)).one_or_none()
+            if ended is None:  # no conversation row was written
+                return "stale"
+            row = None if ended.id is None else ended
         else:
             result = await self.session.execute(_finish_conversation(tuple(values)), conversation_params)
             if not getattr(result, "rowcount", 0):
@@ -516,16 +519,27 @@ _START_TURN = (
 _INSERT_CONVERSATION = insert(_CONVERSATIONS)
 _INSERT_TURN = insert(_TURNS)
 _INSERT_MESSAGE = insert(_MESSAGES)
-# PostgreSQL: messages given as one JSON array (one parameter, in a statement with others).
-_GIVEN_MESSAGES = (
-    func.json_populate_recordset(literal_column("NULL::messages"), bindparam("messages_json", type_=JSON()))
-    .table_valued(*_MESSAGES.columns.keys())
-    .alias("given_messages")
-)
+# PostgreSQL: messages given as one array per column (unnest), so they go into a statement with
+# others. Not one JSON array: reading a JSON document into columns unescapes every string in it,
+# and a NUL character that a block printed (a \u0000 escape, which a json column keeps) fails that.
 _MESSAGE_COLUMNS = [column.name for column in _MESSAGES.columns]
-_INSERT_MESSAGES_JSON = insert(_MESSAGES).from_select(
-    _MESSAGE_COLUMNS, select(*(_GIVEN_MESSAGES.c[name] for name in _MESSAGE_COLUMNS))
+_GIVEN_MESSAGES = (
+    func.unnest(
+        *(
+            bindparam(f"messages_{name}", type_=ARRAY(Text if name == "parts" else _MESSAGES.c[name].type))
+            for name in _MESSAGE_COLUMNS
+        )
+    )
+    .table_valued(*_MESSAGE_COLUMNS)
+    .render_derived(name="given_messages")
 )
+_SELECT_GIVEN_MESSAGES = select(
+    *(
+        cast_(_GIVEN_MESSAGES.c[name], JSON) if name == "parts" else _GIVEN_MESSAGES.c[name]
+        for name in _MESSAGE_COLUMNS
+    )
+)
+_INSERT_MESSAGES_GIVEN = insert(_MESSAGES).from_select(_MESSAGE_COLUMNS, _SELECT_GIVEN_MESSAGES)
 _HISTORY = (
     select(_MESSAGES.c.role, _MESSAGES.c.parts)
     .where(_MESSAGES.c.conversation_id == _ID)
@@ -558,11 +572,19 @@ def _finish_conversation(attributes: tuple[str, ...]) -> Update:
 
 @functools.cache
 def _finish_postgres(attributes: tuple[str, ...], columns: tuple[str, ...]) -> Select[Any]:
-    """PostgreSQL: the conversation's UPDATE, the turn's (only if the first matched) and the
-    messages' INSERT as one statement, which returns the turn's row."""
+    """PostgreSQL: the conversation's UPDATE, the turn's and the messages' INSERT (only if the first
+    matched) as one statement, which returns the turn's row."""
     conversation = _finish_conversation(attributes).returning(_CONVERSATIONS.c.id).cte("ended_conversation")
-    turn = _finish_turn(columns).where(select(conversation.c.id).exists()).cte("ended_turn")
-    return select(turn).add_cte(_INSERT_MESSAGES_JSON.cte("new_messages"))
+    written = select(conversation.c.id).exists()
+    turn = _finish_turn(columns).where(written).cte("ended_turn")
+    # Only then the messages too: a stale turn's would collide with those of the turn that took over.
+    messages = insert(_MESSAGES).from_select(_MESSAGE_COLUMNS, _SELECT_GIVEN_MESSAGES.where(written))
+    # No row: the conversation was not written; a row of NULLs: the turn's row is gone.
+    return (
+        select(*turn.c)
+        .select_from(conversation.outerjoin(turn, true()))
+        .add_cte(messages.cte("new_messages"))
+    )
 
 
 @functools.cache
@@ -584,15 +606,15 @@ def _insert_new(conversation_columns: tuple[str, ...], turn_columns: tuple[str, 
         .values({name: bindparam(f"turn_{name}", type_=_TURNS.c[name].type) for name in turn_columns})
         .cte("new_turn")
     )
-    return _INSERT_MESSAGES_JSON.add_cte(conversation, turn)
+    return _INSERT_MESSAGES_GIVEN.add_cte(conversation, turn)
 
 
-def _json_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows as one JSON parameter for ``json_populate_recordset`` (datetimes as ISO 8601 text)."""
-    return [
-        {key: value.isoformat() if isinstance(value, datetime) else value for key, value in row.items()}
-        for row in rows
-    ]
+def _message_arrays(rows: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
+    """Messages as one list per column for ``_GIVEN_MESSAGES`` (parts as their JSON text)."""
+    return {
+        f"messages_{name}": [json.dumps(row[name]) if name == "parts" else row[name] for row in rows]
+        for name in _MESSAGE_COLUMNS
+    }
 
 
 @functools.cache

@@ -90,6 +90,10 @@ class TextCollector:
         self.stopped_at_helpers = True
 
     async def _emit(self, chunk: str) -> None:
+        # A NUL character is the one a model may send that no store keeps in text (PostgreSQL
+        # refuses it, and the turn's output is text): the replacement character stands for it,
+        # in the deltas and the answer alike.
+        chunk = chunk.replace("\x00", "\ufffd")
         self._parts.append(chunk)
         self.received = True
         if self._on_delta is not None:

@@ -295,3 +295,32 @@ async def test_persona_file_size_limit(make_client: AppFactory, llm: ScriptedLLM
         turn = (await create(client, "write", persona="small")).json()
     assert turn["status"] == "completed", turn
     assert "limit: file_size 1MB" in llm.requests[1].all_text
+
+
+async def test_nul_characters_from_the_model_and_the_block_are_stored(
+    client: httpx.AsyncClient, llm: ScriptedLLM
+) -> None:
+    """A request may not carry a NUL character, but a model's text and a block's output may: the
+    turn is stored on both stores (a 500 on PostgreSQL before, which keeps no NUL in text). A
+    block's NUL stays one (JSON columns keep it escaped); a model's becomes U+FFFD, as the turn's
+    output is text."""
+    llm.script(block("print('a\\x00b')\nresult('c\\x00d')"), "done \x00 here</complete>")
+    response = await create(client, "print a NUL")
+    assert response.status_code == 201, response.text
+    turn = response.json()
+    assert turn["status"] == "completed", turn
+    assert turn["output"] == "done \ufffd here"
+    assert "<helpers_result>\na\x00b\nc\x00d\n</helpers_result>" in llm.requests[1].all_text
+    messages = (await client.get(f"/v1/conversations/{turn['conversation_id']}/messages")).json()
+    assert messages["data"][2]["parts"][0]["text"] == "a\x00b\nc\x00d"
+    assert messages["data"][3]["parts"][0]["text"] == "done \ufffd here</complete>"
+    # The next turn reads that history back, and ends on the existing conversation's path.
+    llm.script(block("print('e\\x00f')"), "ok \x00</complete>")
+    follow_up = await client.post(
+        f"/v1/conversations/{turn['conversation_id']}/messages", json={"input": "and?"}
+    )
+    assert follow_up.status_code == 200, follow_up.text
+    assert follow_up.json()["output"] == "ok \ufffd"
+    assert "a\x00b" in llm.requests[2].all_text
+    messages = (await client.get(f"/v1/conversations/{turn['conversation_id']}/messages")).json()
+    assert messages["data"][6]["parts"][0]["text"] == "e\x00f"
