@@ -314,8 +314,13 @@ class ChildLink:
                 continue
             if header["t"] != "run":
                 raise RuntimeError(f"sandbox protocol: the server sent {header['t']!r} to an idle worker")
-            # The block first, its bookkeeping while it starts: the worker reads nothing of the
-            # child before ``relay``, and the baselines were taken while it was idle.
+            limits = header["limits"]
+            if self._next_disk_start is None and (limits.get("disk_mb") or limits.get("disk_files")):
+                # A fresh block's disk baseline before it gets its code: measured once it runs, what
+                # it writes first would never count (a few MB past the quota per fresh block).
+                self._next_disk_start = quota.usage(self._quota_paths(header))
+            # The block, then its bookkeeping while it starts: the worker reads nothing of the
+            # child before ``relay``, and the baselines were taken before or while it was idle.
             try:
                 self._to_child(frame)
             except OSError as exc:
@@ -323,21 +328,24 @@ class ChildLink:
             self._start(header)
             return header
 
+    def _quota_paths(self, request: dict[str, Any]) -> list[str]:
+        """What a block's disk quota counts: its directory, and under the process backend its
+        private TMPDIR (on disk too)."""
+        private = [isolation.block_tmp(self.pid)] if isolation.backend() == "process" else []
+        return [str(request["workdir"]), *private]
+
     def _start(self, request: dict[str, Any]) -> None:
         """The worker's side of a block it has passed on: its caps, its output, its quota."""
         limits = request["limits"]
         with self._quota_lock:  # the watchdog of a live child sees the block whole, or not yet
             if limits.get("disk_mb") or limits.get("disk_files"):
-                # process: the block's private TMPDIR is on disk too, and counts.
-                private = [isolation.block_tmp(self.pid)] if isolation.backend() == "process" else []
                 self._quota = quota.Quota(
-                    [str(request["workdir"]), *private],
+                    self._quota_paths(request),
                     max_bytes=int(limits.get("disk_mb") or 0) << 20,
                     max_files=int(limits.get("disk_files") or 0),
                     start=self._next_disk_start,
                 )
-                # First: the baseline, unless measured before the block (a live process's).
-                self._quota.begin()
+                self._quota.begin()  # the baseline, if none was measured before the block
             else:
                 self._quota = None
             self._next_disk_start = None
