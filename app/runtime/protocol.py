@@ -36,6 +36,7 @@ import json
 import json.encoder
 import math
 import os
+import re
 import struct
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, Literal, NotRequired, TypedDict, cast
@@ -202,11 +203,27 @@ def decode_header(data: bytes | bytearray) -> dict[str, Any]:
     encode again); it must be an object with a string "t" tag."""
     try:
         header = _DECODER.decode(data.decode())
+        if _SURROGATE_ESCAPE.search(data) is not None:
+            header = _without_lone_surrogates(header)
     except (ValueError, RecursionError) as exc:
         raise FrameError(f"frame header is not JSON: {exc}") from None
     if not isinstance(header, dict) or not isinstance(header.get("t"), str):
         raise FrameError("frame header is not an object with a 't' tag")
     return header
+
+
+def _without_lone_surrogates(value: Any) -> Any:
+    """``value`` with every lone surrogate (a \\udXXX escape JSON decodes on its own, which a
+    block may send in a result, an error or a call) replaced by U+FFFD: no UTF-8 encoder takes
+    one, so it would fail every later use of the text (the model's request with the transcript,
+    a response carrying it)."""
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [_without_lone_surrogates(item) for item in value]
+    if isinstance(value, dict):
+        return {_without_lone_surrogates(key): _without_lone_surrogates(item) for key, item in value.items()}
+    return value
 
 
 def _refuse_constant(name: str) -> Any:
@@ -215,6 +232,9 @@ def _refuse_constant(name: str) -> Any:
 
 _STRICT: Final = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 _DECODER: Final = json.JSONDecoder(parse_constant=_refuse_constant)
+# A surrogate's escape (the decoder pairs those that make a pair): the walk above only then.
+_SURROGATE_ESCAPE: Final = re.compile(rb"\\u[dD][89a-fA-F]")
+_LONE_SURROGATE: Final = re.compile("[\ud800-\udfff]")
 _CANONICAL: Final = json.JSONEncoder(
     sort_keys=True, separators=(",", ":"), default=repr, check_circular=False
 )

@@ -324,3 +324,30 @@ async def test_nul_characters_from_the_model_and_the_block_are_stored(
     assert "a\x00b" in llm.requests[2].all_text
     messages = (await client.get(f"/v1/conversations/{turn['conversation_id']}/messages")).json()
     assert messages["data"][6]["parts"][0]["text"] == "e\x00f"
+
+
+async def test_lone_surrogates_from_a_block_do_not_wedge_the_conversation(
+    client: httpx.AsyncClient, llm: ScriptedLLM
+) -> None:
+    """A block may send a lone surrogate (a \\udXXX escape that JSON decodes on its own) in a
+    result, an error or a dict key. No UTF-8 encoder takes one: before, the model's next request
+    carrying the transcript failed (reported as llm_bad_response), the turn and every later one
+    with it, and reading the messages was a 500. It becomes U+FFFD, as a model's NUL does."""
+    code = "result('c\\ud800d')\nresult({'k\\udc00': ['e\\udfff']})\nraise ValueError('f\\udbff')"
+    llm.script(block(code), "done</complete>")
+    response = await create(client, "surrogates")
+    assert response.status_code == 201, response.text
+    turn = response.json()
+    assert turn["status"] == "completed", turn
+    assert (
+        'c\ufffdd\n{"k\ufffd": ["e\ufffd"]}\nTraceback (line 3): ValueError: f\ufffd'
+        in llm.requests[1].all_text
+    )
+    messages = await client.get(f"/v1/conversations/{turn['conversation_id']}/messages")
+    assert messages.status_code == 200, messages.text
+    llm.script("ok</complete>")
+    follow_up = await client.post(
+        f"/v1/conversations/{turn['conversation_id']}/messages", json={"input": "and?"}
+    )
+    assert follow_up.status_code == 200, follow_up.text
+    assert follow_up.json()["status"] == "completed", follow_up.text

@@ -78,6 +78,16 @@ def test_a_header_with_a_number_json_does_not_have_is_refused(constant: str) -> 
         decode_header(f'{{"t": "call", "x": [1, {constant}]}}'.encode())
 
 
+def test_a_lone_surrogate_in_a_header_becomes_the_replacement_character() -> None:
+    """A block may escape a lone surrogate into its frames (a result, an error, a call's key):
+    decoded, it could not be encoded as UTF-8 again anywhere after (see test_turns). A pair
+    stays the character it makes, and a backslash before 'ud800' stays text."""
+    raw = b'{"t": "done", "results": ["a\\ud800b", "\\\\ud800", "\\ud83d\\ude00"], "k": {"\\uDC00": 1}}'
+    header = decode_header(raw)
+    assert header["results"] == ["a\ufffdb", "\\ud800", "\U0001f600"]
+    assert header["k"] == {"\ufffd": 1}
+
+
 def test_a_frame_is_read_whole_to_pass_on_unchanged() -> None:
     """The worker passes the server's frames on as they came: the bytes it read, the header it
     decoded from them, the size of the blob; a frame cut short is EOFError."""
