@@ -1220,10 +1220,10 @@ class ConversationService:
             "iterations": conversation.iterations + usage.iterations,
             "updated_at": now,
         }
-        if new:  # neither is stored yet: both rows in full
-            for key, value in stored.items():
-                setattr(conversation, key, value)
-            row = Turn(
+
+        def whole_turn() -> Turn:
+            """The turn's row as it ended, in full: stored with a new conversation, or again."""
+            return Turn(
                 id=turn_id,
                 conversation_id=conversation.id,
                 background=False,
@@ -1233,6 +1233,11 @@ class ConversationService:
                 started_at=now,
                 **finished,
             )
+
+        if new:  # neither is stored yet: both rows in full
+            for key, value in stored.items():
+                setattr(conversation, key, value)
+            row = whole_turn()
             await self.repo.insert_new(conversation, row, messages)
         else:
             # Checked against the version the turn started from: a turn whose lease lapsed and
@@ -1248,15 +1253,7 @@ class ConversationService:
             if ended == "stale":
                 raise TurnRunning("The conversation changed while this turn ran; its result was discarded.")
             if ended == "gone":  # its row went missing meanwhile: stored again, as it ended
-                ended = Turn(
-                    id=turn_id,
-                    conversation_id=conversation.id,
-                    background=False,
-                    cancel_requested_at=None,
-                    created_at=now,
-                    started_at=now,
-                    **finished,
-                )
+                ended = whole_turn()
                 self.session.add(ended)
             row = ended
         # After their conversation's row (the unit of work flushes them at the commit).

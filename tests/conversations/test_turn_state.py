@@ -50,6 +50,18 @@ def _turn(conversation_id: str, *, status: str, lease: timedelta | None) -> Turn
     )
 
 
+def _event(conversation_id: str, *, seq: int) -> Event:
+    return Event(
+        id=new_id("evt"),
+        conversation_id=conversation_id,
+        seq=seq,
+        turn_id="turn_x",
+        type="x",
+        data={},
+        created_at=utcnow(),
+    )
+
+
 async def test_turn_state_sees_live_leases_and_not_lapsed_ones(session: AsyncSession) -> None:
     repo = ConversationRepository(session)
     conversation = conversation_row("t", version=3)
@@ -80,17 +92,7 @@ async def test_turn_state_sees_live_leases_and_not_lapsed_ones(session: AsyncSes
     assert later is not None
     assert not later.active_turn
 
-    session.add(
-        Event(
-            id=new_id("evt"),
-            conversation_id=conversation.id,
-            seq=7,
-            turn_id="turn_x",
-            type="x",
-            data={},
-            created_at=now,
-        )
-    )
+    session.add(_event(conversation.id, seq=7))
     await session.flush()
     state = await repo.turn_state(conversation_id=conversation.id, now=now)
     assert state is not None
@@ -227,17 +229,7 @@ async def test_start_turn_checks_and_writes_in_one_statement(session: AsyncSessi
     conversation = conversation_row("t", version=3)
     session.add(conversation)
     await session.flush()
-    session.add(
-        Event(
-            id=new_id("evt"),
-            conversation_id=conversation.id,
-            seq=4,
-            turn_id="turn_x",
-            type="x",
-            data={},
-            created_at=utcnow(),
-        )
-    )
+    session.add(_event(conversation.id, seq=4))
     await session.flush()
 
     # The conversation moved on (another turn finished while this request waited): nothing written.
