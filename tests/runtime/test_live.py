@@ -365,34 +365,12 @@ async def test_the_disk_quota_holds_for_a_block_of_a_live_process(
 ALIVE = "try:\n    os.kill({pid}, 0)\n    result('alive')\nexcept ProcessLookupError:\n    result('gone')\n"
 
 
-async def test_what_a_hidden_block_started_dies_with_the_block(live: RuntimePool, workspaces: Path) -> None:
-    """The same when the block makes its process non-dumpable first (under bwrap, /proc then
-    hides it, and what it forks, from a new open by the worker): its leftovers still die."""
-    workdir = conversation(workspaces)
-    first = await run(
-        live,
-        "import ctypes, os, time\nassert ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) == 0\n"
-        "pid = os.fork()\nif pid == 0:\n    time.sleep(60)\n    os._exit(0)\nresult(pid)\n" + PID,
-        workdir=workdir,
-    )
-    assert first.status == "ok", first.error
-    second = await run(
-        live,
-        ALIVE.format(pid="pid") + PID,
-        workdir=workdir,
-        snapshot=first.snapshot,
-    )
-    assert second.results[1] == first.results[1]  # the live process
-    assert second.results[0] == "gone"
-
-
-async def test_what_a_hidden_block_started_dies_however_deep(live: RuntimePool, workspaces: Path) -> None:
-    """Below a hidden process, its own children cannot be listed: they come to the worker once
-    it is dead, and die then, generation after generation."""
-    workdir = conversation(workspaces)
-    first = await run(
-        live,
-        "import ctypes, os, time\nassert ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) == 0\n"
+HIDE = "import ctypes, os, time\nassert ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) == 0\n"
+# A child of the hidden block, and three generations below it (its own children cannot be
+# listed: they come to the worker once their parent is dead, and die then).
+LEFTOVERS = {
+    "child": "pid = os.fork()\nif pid == 0:\n    time.sleep(60)\n    os._exit(0)\nresult(pid)\n",
+    "great-grandchild": (
         "r, w = os.pipe()\n"
         "if os.fork() == 0:\n"
         "    if os.fork() == 0:\n"
@@ -402,15 +380,21 @@ async def test_what_a_hidden_block_started_dies_however_deep(live: RuntimePool, 
         "        time.sleep(60)\n"
         "    time.sleep(60)\n"
         "    os._exit(0)\n"
-        "deepest = int(os.read(r, 32))\nresult(deepest)\n" + PID,
-        workdir=workdir,
-    )
+        "pid = int(os.read(r, 32))\nresult(pid)\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("leftover", sorted(LEFTOVERS))
+async def test_what_a_hidden_block_started_dies_with_the_block(
+    live: RuntimePool, workspaces: Path, leftover: str
+) -> None:
+    """The same when the block makes its process non-dumpable first (under bwrap, /proc then
+    hides it, and what it forks, from a new open by the worker): its leftovers still die,
+    however deep."""
+    workdir = conversation(workspaces)
+    first = await run(live, HIDE + LEFTOVERS[leftover] + PID, workdir=workdir)
     assert first.status == "ok", first.error
-    second = await run(
-        live,
-        ALIVE.format(pid="deepest") + PID,
-        workdir=workdir,
-        snapshot=first.snapshot,
-    )
+    second = await run(live, ALIVE.format(pid="pid") + PID, workdir=workdir, snapshot=first.snapshot)
     assert second.results[1] == first.results[1]  # the live process
     assert second.results[0] == "gone"
