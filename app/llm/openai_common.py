@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import random
+import re
 import ssl
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, Sequence
@@ -45,6 +46,9 @@ def estimate_tokens(text_length: int) -> int:
 def prompt_chars(instructions: str, messages: Sequence[LLMMessage]) -> int:
     """Characters of prompt text, the basis of the input-token estimate."""
     return len(instructions) + sum(len(m.content) for m in messages)
+
+
+_LONE_SURROGATE: Final = re.compile("[\ud800-\udfff]")
 
 
 class TextCollector:
@@ -90,10 +94,13 @@ class TextCollector:
         self.stopped_at_helpers = True
 
     async def _emit(self, chunk: str) -> None:
-        # A NUL character is the one a model may send that no store keeps in text (PostgreSQL
-        # refuses it, and the turn's output is text): the replacement character stands for it,
-        # in the deltas and the answer alike.
+        # A NUL character (PostgreSQL keeps none in text, and the turn's output is text) and a lone
+        # surrogate (a \udXXX escape the server's JSON had alone: no UTF-8 encoder takes it, so
+        # neither store nor a response could) are what a model may send that cannot be kept: the
+        # replacement character stands for them, in the deltas and the answer alike.
         chunk = chunk.replace("\x00", "\ufffd")
+        if not chunk.isascii():
+            chunk = _LONE_SURROGATE.sub("\ufffd", chunk)
         self._parts.append(chunk)
         self.received = True
         if self._on_delta is not None:

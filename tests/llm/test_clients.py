@@ -485,3 +485,22 @@ async def test_on_delta_errors_propagate_unchanged(scripted: ScriptedLLM, client
     with pytest.raises(ValueError, match="callback broke"):
         await client.complete(model="m", instructions="", messages=HI, on_delta=broken)
     assert len(scripted.requests) == 1
+
+
+async def test_a_lone_surrogate_from_the_model_becomes_the_replacement_character() -> None:
+    """A server's JSON may escape half a surrogate pair alone ("\\ud800"), which the SDK decodes
+    as is: no UTF-8 encoder takes it, so the turn's output could be neither stored (either store)
+    nor sent. Like a NUL, it becomes U+FFFD, in the deltas and the text alike; other text stays."""
+    from app.llm.openai_common import TextCollector
+
+    deltas: list[str] = []
+
+    async def on_delta(chunk: str) -> None:
+        deltas.append(chunk)
+
+    collector = TextCollector(on_delta=on_delta, stop_at_helpers=True)
+    for chunk in ("a\ud800b", "\udfff", "é😀\x00", "plain"):
+        await collector.feed(chunk)
+    assert collector.text == "a\ufffdb\ufffdé😀\ufffdplain"
+    assert "".join(deltas) == collector.text
+    collector.text.encode()
