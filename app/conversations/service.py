@@ -464,16 +464,22 @@ class ConversationService:
         raise Conflict("The conversation kept changing while its metadata was updated; retry the PATCH.")
 
     async def delete(self, *, tenant: str, conversation_id: str) -> None:
-        """Delete a conversation, its transcript, turns and working directory."""
+        """Delete a conversation, its transcript, turns and working directory, holding its turn
+        lock meanwhile: a turn that starts then gets 409, instead of storing itself against rows
+        being deleted (a foreign-key failure, a 500, once the deletion committed)."""
         conversation = await self.get(tenant=tenant, conversation_id=conversation_id)
-        holder = await self.locks.holder(conversation.id)
+        token = new_id("delete")
+        holder = await self.locks.acquire(conversation.id, turn_id=token)
         if holder is not None:
             raise TurnRunning(
                 f"Turn {holder} is running on this conversation; delete it when it ends.",
                 extra={"current": {"turn_id": holder}},
             )
-        await self.repo.delete(conversation)
-        await self.session.flush()
+        try:
+            await self.repo.delete(conversation)
+            await self.session.commit()  # before the lock goes: a turn that takes it then finds nothing
+        finally:
+            await self.locks.release(conversation.id, turn_id=token)
         shutil.rmtree(self._workdir(conversation.id), ignore_errors=True)
 
     # -- the turn ------------------------------------------------------------------------------
@@ -509,6 +515,8 @@ class ConversationService:
                 raise
             if holder is not None:
                 await self._release_place(conversation.tenant, turn_id, held=limited)
+                if holder.startswith("delete_"):
+                    raise TurnRunning("This conversation is being deleted.")
                 raise TurnRunning(
                     f"Turn {holder} is running on this conversation; retry when it has finished.",
                     extra={"current": {"turn_id": holder}},

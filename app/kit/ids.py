@@ -6,7 +6,7 @@ import secrets
 import time
 from typing import Literal
 
-Prefix = Literal["conv", "turn", "msg", "call", "key", "file", "evt"]
+Prefix = Literal["conv", "turn", "msg", "call", "key", "file", "evt", "delete"]
 
 
 def new_id(prefix: Prefix) -> str:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import pytest
+from sqlalchemy import text
 
 from app.config import Settings
+from app.kit.db import create_engine
 from app.llm.scripted import ScriptedLLM
 from app.main import StartupError, create_app
 from tests.conftest import AppFactory
@@ -126,3 +130,46 @@ async def test_open_mode_refuses_a_public_address(tmp_path: object) -> None:
     with pytest.raises(StartupError, match="loopback"):
         async with app.router.lifespan_context(app):
             pass
+
+
+async def test_a_delete_holds_the_turn_lock_while_it_deletes(
+    make_client: AppFactory, llm: ScriptedLLM, store: dict[str, str | None]
+) -> None:
+    """A turn that starts while its conversation is being deleted gets 409, and the deletion
+    completes. Before, the DELETE only checked that no turn held the lock: a turn starting in
+    between stored itself against rows being deleted, and failed (a 500) once they were gone.
+    The deletion is held in the middle by another connection that has the conversation's row."""
+    if store["redis_url"] is None:
+        pytest.skip("SQLite: one writer at a time, so a turn never stores itself beside a deletion")
+    llm.script("hello")
+    async with make_client() as client:
+        conv = (await client.post("/v1/conversations", json={"input": "hi"})).json()["conversation_id"]
+        locks = client.app.state.locks  # type: ignore[attr-defined]
+        engine = create_engine(str(store["database_url"]))
+        try:
+            async with engine.connect() as blocker:
+                # Holds the conversation's row until rolled back.
+                await blocker.execute(
+                    text("UPDATE conversations SET version = version WHERE id = :id"), {"id": conv}
+                )
+                deleting = asyncio.ensure_future(client.delete(f"/v1/conversations/{conv}"))
+                for _ in range(500):
+                    holder = await locks.holder(conv)
+                    if holder is not None or deleting.done():
+                        break
+                    await asyncio.sleep(0.01)
+                assert not deleting.done(), deleting.result().text
+                assert holder is not None
+                assert holder.startswith("delete_")
+                started = await asyncio.wait_for(
+                    client.post(f"/v1/conversations/{conv}/messages", json={"input": "now?"}), timeout=20
+                )
+                assert_problem(started, 409, "turn_in_progress")
+                assert started.json()["detail"] == "This conversation is being deleted."
+                await blocker.rollback()
+            deleted = await asyncio.wait_for(deleting, timeout=40)
+        finally:
+            await engine.dispose()
+        assert deleted.status_code == 204, deleted.text
+        assert await locks.holder(conv) is None
+        assert_problem(await client.get(f"/v1/conversations/{conv}"), 404, "not_found")

@@ -244,4 +244,6 @@ async def test_a_write_is_committed_before_its_response_is_sent(
     finally:
         event.remove(SyncSession, "after_commit", committed)
     assert deleted.status_code == 204, deleted.text
-    assert happened == ["commit", "response 204"]
+    # Every commit before the response (the deletion's, and the lock's own on SQLite).
+    assert "commit" in happened
+    assert happened.index("response 204") == len(happened) - 1
