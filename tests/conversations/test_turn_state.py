@@ -322,31 +322,18 @@ async def test_finish_checks_the_version_and_leaves_the_object_clean(session: As
     assert [(m.id, m.seq, m.parts, m.created_at) for m in stored] == [
         (m["id"], m["seq"], m["parts"], m["created_at"]) for m in messages
     ]
-    # A turn that also started from 3 (its lease lapsed, another turn took over and wrote 4) is
-    # refused, though it would write the same version.
-    assert (
-        await repo.finish(
+    # Refused: a turn that also started from 3 (its lease lapsed, another turn took over and wrote
+    # 4), though it would write the same version; and one writing 5 from 3.
+    for version, given in ((4, messages), (5, [])):
+        refused = await repo.finish(
             conversation,
             seen_version=3,
-            values={"version": 4},
+            values={"version": version},
             turn_id=turn.id,
             finished=finished,
-            messages=messages,
+            messages=given,
         )
-        == "stale"
-    )
-    # The next turn started from 4; one still holding 3 is refused.
-    assert (
-        await repo.finish(
-            conversation,
-            seen_version=3,
-            values={"version": 5},
-            turn_id=turn.id,
-            finished=finished,
-            messages=[],
-        )
-        == "stale"
-    )
+        assert refused == "stale"
     # A turn row gone missing: the conversation is written, the caller stores the turn again.
     await session.execute(delete(Turn).where(Turn.id == turn.id))
     gone = await repo.finish(
