@@ -671,10 +671,14 @@ class ChildLink:
         self._kill()
 
     def _kill(self) -> None:
-        """SIGKILL the child's process group (it is its own session leader) and the child."""
-        for kill, target in ((os.killpg, self.pid), (os.kill, self.pid)):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                kill(target, signal.SIGKILL)
+        """SIGKILL the child's process group (it is its own session leader) and the child. The
+        child through its pidfd: the watchdog thread may kill just after the relay reaped it, and
+        by then its pid may be another process's, never its pidfd (``close`` joins the watchdog
+        before it closes the pidfd)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
 
     def kill(self) -> None:
         """Kill the child and reap it (the server went away)."""
