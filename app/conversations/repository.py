@@ -177,10 +177,6 @@ class ConversationRepository:
         if rows:
             await self.session.execute(_INSERT_MESSAGE, list(rows))
 
-    def add_all(self, rows: Sequence[Message | Turn]) -> None:
-        """Stage new messages and turns."""
-        self.session.add_all(rows)
-
     async def try_lock(
         self, *, conversation_id: str, turn_id: str, now: datetime, expires_at: datetime
     ) -> bool:
@@ -304,16 +300,6 @@ class ConversationRepository:
             .execution_options(synchronize_session=False)
         )
         return bool(getattr(result, "rowcount", 0))
-
-    async def finish_turn(self, *, turn_id: str, values: Mapping[str, Any]) -> Turn | None:
-        """Store a started turn's outcome in one statement (no read first); returns the row as stored
-        (what others may have set meanwhile, such as a cancel request, included), None if it is gone."""
-        params = {f"turn_{key}": value for key, value in values.items()}
-        result = await self.session.execute(
-            _finish_turn(tuple(values)), {"finished_turn_id": turn_id, **params}
-        )
-        row = result.one_or_none()
-        return None if row is None else Turn(**row._asdict())
 
     async def finish_running(
         self, *, turn_id: str, status: str, error: dict[str, Any] | None, now: datetime
@@ -619,8 +605,8 @@ def _message_arrays(rows: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
 
 @functools.cache
 def _finish_turn(columns: tuple[str, ...]) -> Update:
-    """``finish_turn``'s statement for one set of columns, built once (``new_<column>`` parameters:
-    a parameter may not bear a column's name in an UPDATE's SET)."""
+    """The UPDATE of the turn ``finish`` ends, built once per set of columns (``turn_<column>``
+    parameters: a parameter may not bear a column's name in an UPDATE's SET); RETURNING its row."""
     return (
         update(_TURNS)
         .where(_TURNS.c.id == bindparam("finished_turn_id"))

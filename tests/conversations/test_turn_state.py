@@ -127,9 +127,9 @@ async def test_history_is_in_order_and_get_is_per_tenant(session: AsyncSession) 
     await session.rollback()
 
 
-async def test_finish_turn_stores_each_column_as_its_type(session: AsyncSession) -> None:
+async def test_finish_stores_each_turn_column_as_its_type(session: AsyncSession) -> None:
     """The prebuilt UPDATE's parameters take their columns' types: JSON objects and lists come
-    back as such, datetimes as datetimes, None as NULL, on both stores; a gone turn is None."""
+    back as such, datetimes as datetimes, None as NULL, on both stores; a gone turn is told."""
     repo = ConversationRepository(session)
     conversation = conversation_row("t", version=3)
     session.add(conversation)
@@ -148,9 +148,15 @@ async def test_finish_turn_stores_each_column_as_its_type(session: AsyncSession)
         "lease_owner": None,
         "lease_expires_at": None,
     }
-    row = await repo.finish_turn(turn_id=turn.id, values=values)
-    assert row is not None
-    assert await repo.finish_turn(turn_id=new_id("turn"), values=values) is None
+    row = await repo.finish(
+        conversation, seen_version=3, values={"version": 4}, turn_id=turn.id, finished=values, messages=[]
+    )
+    assert isinstance(row, Turn)
+    missing = new_id("turn")
+    gone = await repo.finish(
+        conversation, seen_version=4, values={"version": 5}, turn_id=missing, finished=values, messages=[]
+    )
+    assert gone == "gone"
     session.expunge_all()
     stored = await session.get(Turn, turn.id)
     assert stored is not None
