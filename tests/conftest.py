@@ -8,8 +8,12 @@ sets) a missing or unreachable service fails the run instead of skipping it.
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import os
 import secrets
+import sys
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
@@ -187,3 +191,37 @@ def _no_tracing_left_on() -> Iterator[None]:
     if tracing.enabled():
         tracing.stop_tracing()
         pytest.fail("the test left tracing on (an app that did not stop it, or a test that started it)")
+
+
+@pytest.fixture(autouse=True)
+def _asyncio_tasks_dumped_before_a_timeout(request: pytest.FixtureRequest) -> Iterator[None]:
+    """pytest-timeout prints threads, and a hung coroutine shows there only as the event loop
+    waiting: shortly before the timeout, print every task of a running loop with its awaits."""
+    timeout = float(request.config.getini("timeout") or 0)
+    if timeout <= 0:
+        yield
+        return
+    finished = threading.Event()
+    watcher = threading.Thread(
+        target=_dump_tasks_unless, args=(finished, timeout * 0.9), name="task-dump", daemon=True
+    )
+    watcher.start()
+    yield
+    finished.set()
+
+
+def _dump_tasks_unless(finished: threading.Event, after: float) -> None:
+    if finished.wait(after):
+        return
+    loops = [o for o in gc.get_objects() if isinstance(o, asyncio.AbstractEventLoop) and o.is_running()]
+    lines = [f"+++ still running after {after:.0f} s: the asyncio tasks +++"]
+    for loop in loops:
+        for task in list(asyncio.all_tasks(loop)):
+            lines.append(f"--- {task.get_name()}")
+            awaited: Any = task.get_coro()
+            while awaited is not None:
+                frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "ag_frame", None)
+                if frame is not None:
+                    lines.append(f"    {frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}")
+                awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "ag_await", None)
+    print("\n".join(lines), file=sys.stderr, flush=True)

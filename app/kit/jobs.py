@@ -57,6 +57,9 @@ STALLED_TASK: Final = "retry_stalled_jobs"
 CLEANUP_TASK: Final = "remove_old_jobs"
 # Succeeded jobs are deleted when they end; failed ones are kept this long for an operator.
 KEEP_FAILED_HOURS: Final = 7 * 24
+# How much longer than SABRE_WORKER_SHUTDOWN_SECONDS a stopping process waits for its worker (the
+# engine's own bookkeeping after the grace period: aborting jobs, unregistering the worker).
+STOP_MARGIN_SECONDS: Final = 10.0
 
 
 def build_job_app(settings: Settings, *, blueprints: Iterable[Blueprint] = ()) -> App:
@@ -269,5 +272,17 @@ async def worker_in_process(job_app: App, *, resources: Resources) -> AsyncItera
         yield
     finally:
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await _stopped(task, within=resources.settings.worker_shutdown_seconds + STOP_MARGIN_SECONDS)
+
+
+async def _stopped(task: asyncio.Task[None], *, within: float) -> None:
+    """Wait for a cancelled worker task to end, at most ``within`` seconds: the engine waits for
+    its jobs and then for each of them to take its cancellation, and a job that never does (or a
+    database call that never returns) must not hold the process's shutdown forever. A job left
+    behind runs again elsewhere once this process's heartbeat is stale (at-least-once delivery)."""
+    done, _ = await asyncio.wait({task}, timeout=within)
+    if not done:
+        log.error("job_worker_stop_timed_out", waited_seconds=within)
+        return
+    with contextlib.suppress(asyncio.CancelledError):
+        task.result()

@@ -1,9 +1,11 @@
-"""A task of the job engine's tests: ``test_marker`` records each of its runs in a file."""
+"""Tasks of the job engine's tests: ``test_marker`` records each of its runs in a file;
+``test_stubborn`` does not end when cancelled."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from pathlib import Path
 
 import procrastinate
@@ -29,3 +31,20 @@ async def marker(context: JobContext, *, path: str, first_sleep: float = 0.0) ->
 def _append(path: str, line: str) -> None:
     with Path(path).open("a") as file:
         file.write(line + "\n")
+
+
+# Set by the test that runs ``test_stubborn`` once it no longer needs the job to hang on.
+RELEASE = threading.Event()
+STARTED = threading.Event()
+
+
+@blueprint.task(name="test_stubborn", queue="turns")
+async def stubborn() -> None:
+    """A job that ignores cancellation until ``RELEASE`` is set: what a job stuck in a call that
+    never returns looks like to the worker stopping it."""
+    STARTED.set()
+    while not RELEASE.is_set():
+        try:
+            await asyncio.sleep(0.02)
+        except asyncio.CancelledError:
+            continue

@@ -10,12 +10,14 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
+from app.kit import jobs as jobs_module
 from app.kit.jobs import add_blueprint, defer, psycopg_conninfo
 from app.llm.scripted import ScriptedLLM
 from tests.conftest import AppFactory
@@ -229,3 +231,31 @@ async def test_the_maintenance_tasks_run(make_client: AppFactory) -> None:
                 break
             await asyncio.sleep(0.1)
         assert await left() == []
+
+
+@pytest.mark.parametrize("store", ["sqlite"], indirect=True)  # the job runs in this process
+async def test_a_job_that_ignores_cancellation_does_not_hold_the_shutdown(
+    make_client: AppFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process stops its worker: the job gets SABRE_WORKER_SHUTDOWN_SECONDS, is then cancelled
+    and ignores it; the shutdown goes on after the margin instead of waiting for it forever."""
+    monkeypatch.setattr(jobs_module, "STOP_MARGIN_SECONDS", 0.5)
+    marker_task.RELEASE.clear()
+    marker_task.STARTED.clear()
+    try:
+        async with make_client(worker_shutdown_seconds=0.2) as client:
+            jobs = client.app.state.jobs  # type: ignore[attr-defined]
+            add_blueprint(jobs, marker_task.blueprint)
+            await defer(jobs, "test_stubborn", queue="turns")
+            await eventually(marker_task.STARTED.is_set, within=15, what="the job started")
+            closing = time.monotonic()
+        waited = time.monotonic() - closing
+        assert waited < 5, f"the shutdown waited {waited:.1f} s for a job that never ends"
+    finally:
+        marker_task.RELEASE.set()  # the job (and the worker left waiting on it) ends now
+    for _ in range(50):
+        stuck = [t for t in asyncio.all_tasks() if t.get_name() == "sabre job worker"]
+        if not stuck:
+            break
+        await asyncio.sleep(0.1)
+    assert not stuck
