@@ -48,7 +48,7 @@ def prompt_chars(instructions: str, messages: Sequence[LLMMessage]) -> int:
     return len(instructions) + sum(len(m.content) for m in messages)
 
 
-_LONE_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+_SURROGATE: Final = re.compile("[\ud800-\udfff]")
 
 
 class TextCollector:
@@ -64,6 +64,7 @@ class TextCollector:
         self._stop_at_helpers = stop_at_helpers
         self._parts: list[str] = []
         self._tail = ""
+        self._held = ""  # the first half of a surrogate pair, until the next chunk
         self.received = False
         """True once any text arrived: from then on the request must not be retried."""
         self.stopped_at_helpers = False
@@ -93,16 +94,29 @@ class TextCollector:
         await self._emit(HELPERS_CLOSE)
         self.stopped_at_helpers = True
 
-    async def _emit(self, chunk: str) -> None:
+    async def finish(self) -> None:
+        """The stream ended: a first half of a surrogate pair still waiting for its second half
+        will never get it (see ``_emit``)."""
+        if self._held:
+            await self._emit("", more=False)
+
+    async def _emit(self, chunk: str, *, more: bool = True) -> None:
         # A NUL character (PostgreSQL keeps none in text, and the turn's output is text) and a lone
         # surrogate (a \udXXX escape the server's JSON had alone: no UTF-8 encoder takes it, so
         # neither store nor a response could) are what a model may send that cannot be kept: the
-        # replacement character stands for them, in the deltas and the answer alike.
-        chunk = chunk.replace("\x00", "\ufffd")
-        if not chunk.isascii():
-            chunk = _LONE_SURROGATE.sub("\ufffd", chunk)
-        self._parts.append(chunk)
+        # replacement character stands for them, in the deltas and the answer alike. A pair the
+        # server split across two chunks (its escapes in two events) is joined into its character:
+        # a first half at the end of a chunk waits for the next one.
+        chunk = self._held + chunk.replace("\x00", "\ufffd")
+        self._held = ""
+        if not chunk.isascii() and _SURROGATE.search(chunk):
+            if more and chunk and "\ud800" <= chunk[-1] <= "\udbff":
+                chunk, self._held = chunk[:-1], chunk[-1]
+            chunk = chunk.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
         self.received = True
+        if not chunk:
+            return
+        self._parts.append(chunk)
         if self._on_delta is not None:
             await self._on_delta(chunk)
 
@@ -195,6 +209,7 @@ class OpenAICompatibleClient(ABC):
                 await asyncio.sleep(self._backoff(attempt, retry_after=retry_after))
                 attempt += 1
                 continue
+            await collector.finish()
             return self._response(
                 collector=collector, outcome=outcome, instructions=instructions, messages=messages
             )

@@ -504,3 +504,23 @@ async def test_a_lone_surrogate_from_the_model_becomes_the_replacement_character
     assert collector.text == "a\ufffdb\ufffdé😀\ufffdplain"
     assert "".join(deltas) == collector.text
     collector.text.encode()
+
+
+async def test_a_surrogate_pair_split_across_two_chunks_is_one_character() -> None:
+    """A server may escape an emoji as a surrogate pair and split the pair across two events: the
+    halves are joined into the character, not replaced one by one; a first half the stream never
+    completes still becomes U+FFFD. The deltas always concatenate to the text."""
+    from app.llm.openai_common import TextCollector
+
+    deltas: list[str] = []
+
+    async def on_delta(chunk: str) -> None:
+        deltas.append(chunk)
+
+    collector = TextCollector(on_delta=on_delta, stop_at_helpers=True)
+    for chunk in ("smile \ud83d", "\ude00!", "\ud83d", "", "\ud83d", "x", "end \ud83d"):
+        await collector.feed(chunk)
+    await collector.finish()
+    assert collector.text == "smile \U0001f600!\ufffd\ufffdxend \ufffd"
+    assert "".join(deltas) == collector.text
+    collector.text.encode()
