@@ -1023,6 +1023,7 @@ async def run(
     *,
     runtime_workers: int,
     live_processes: int | None,
+    preload: str | None,
     web_workers: int,
     workload_only: bool,
     json_out: Path | None,
@@ -1063,6 +1064,8 @@ async def run(
         )
         if live_processes is not None:
             served_env["SABRE_RUNTIME_LIVE_PROCESSES"] = str(live_processes)
+        if preload is not None:
+            served_env["SABRE_RUNTIME_PRELOAD"] = preload
         lg_env = clean_env(
             LANGGRAPH_DATABASE_URL=lg_dsn,
             OPENAI_BASE_URL=llm.base_url,
@@ -1130,7 +1133,8 @@ async def run(
                     "SABRE",
                     f"`python -m app.cli serve --workers {web_workers}`, PostgreSQL + Redis, "
                     f"{runtime_workers} sandbox workers, chat API"
-                    + ("" if live_processes is None else f", {live_processes} live processes"),
+                    + ("" if live_processes is None else f", {live_processes} live processes")
+                    + ("" if preload is None else f", preloading {preload or 'nothing'}"),
                 ],
                 [
                     "LangGraph",
@@ -1193,6 +1197,11 @@ def main() -> None:
         help="SABRE_RUNTIME_LIVE_PROCESSES of the server (default: the service's)",
     )
     parser.add_argument(
+        "--preload",
+        default=None,
+        help="SABRE_RUNTIME_PRELOAD of the server ('' for none; default: the service's)",
+    )
+    parser.add_argument(
         "--web-workers", type=int, default=1, help="server processes of SABRE, LangGraph and the floor alike"
     )
     parser.add_argument(
@@ -1207,6 +1216,7 @@ def main() -> None:
             args.quick,
             runtime_workers=args.runtime_workers,
             live_processes=args.live_processes,
+            preload=args.preload,
             web_workers=args.web_workers,
             workload_only=args.workload_only,
             json_out=args.json,
