@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import functools
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
@@ -462,13 +461,19 @@ async def _unless_cancelled(work: Awaitable[T], cancel: asyncio.Event | None) ->
     waiter = asyncio.ensure_future(cancel.wait())
     try:
         await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
     finally:
         waiter.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await task
+        if not task.done():
+            # The signal fired, or this turn's own task was cancelled (its job worker stopping, its
+            # request gone): the work ends either way, and is waited for, so that a block's process
+            # is gone before the turn can run again elsewhere. A cancellation of this task is not
+            # swallowed here: it is no ``TurnCancelled``, which only the turn's signal means.
+            task.cancel()
+            await asyncio.wait({task})
+            if not task.cancelled():
+                task.exception()  # how the cancelled work ended is of no interest (and not logged)
     raise TurnCancelled
 
 
