@@ -8,8 +8,8 @@ harmless: the second claim fails, or the second outcome is refused by the conver
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +19,7 @@ from procrastinate import JobContext
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.conversations.service import ConversationService
-from app.kit import tracing
+from app.kit import periodic, tracing
 from app.kit.jobs import defer, job_resources
 
 if TYPE_CHECKING:
@@ -106,21 +106,13 @@ async def recover_turns(resources: Resources) -> int:
 
 
 @contextlib.asynccontextmanager
-async def recovering(resources: Resources, *, every: float = RECOVERY_SECONDS):  # type: ignore[no-untyped-def]
-    """Sweep for abandoned turns at start and every ``every`` seconds while the body runs."""
+async def recovering(resources: Resources, *, every: float = RECOVERY_SECONDS) -> AsyncIterator[None]:
+    """Sweep for abandoned turns at start and every ``every`` seconds while the body runs (a pass
+    that fails is logged and the next one runs; the body's exit waits for a pass at most
+    ``periodic.STOP_WAIT``: one that lost its cancellation in a Redis call cannot hold it)."""
 
     async def sweep() -> None:
-        while True:
-            try:
-                await recover_turns(resources)
-            except Exception:
-                log.warning("turn_recovery_failed", exc_info=True)
-            await asyncio.sleep(every)
+        await recover_turns(resources)
 
-    task = asyncio.create_task(sweep(), name="sabre-turn-recovery")
-    try:
+    async with periodic.every(every, sweep, name="sabre-turn-recovery", immediately=True):
         yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task

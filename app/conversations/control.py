@@ -18,6 +18,7 @@ from typing import Any
 import structlog
 
 from app.events.bus import CANCEL_CHANNEL, EventBus
+from app.kit import periodic
 
 log = structlog.get_logger(__name__)
 
@@ -93,15 +94,17 @@ class TurnControl:
         task.add_done_callback(_done)
 
     async def aclose(self, *, grace: float = 5.0) -> None:
-        """Let detached turns finish for ``grace`` seconds, then cancel them (a turn left running is
-        taken over by another process once its lease expires)."""
+        """Let detached turns finish for ``grace`` seconds, then cancel them and wait for them at
+        most ``periodic.STOP_WAIT`` more: one that lost its cancellation in a Redis call would run
+        to its own end. A turn left running is taken over by another process once its lease
+        expires."""
         if self._tasks:
             _, pending = await asyncio.wait(set(self._tasks), timeout=grace)
             for task in pending:
                 task.cancel()
-            with contextlib.suppress(Exception):
-                await asyncio.gather(*pending, return_exceptions=True)
-        if self._listener is not None:
-            self._listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._listener
+            if pending:
+                _, left = await asyncio.wait(pending, timeout=periodic.STOP_WAIT)
+                if left:
+                    log.warning("detached_turns_not_stopped", turns=sorted(t.get_name() for t in left))
+        if self._listener is not None and not await periodic.stop(self._listener):
+            log.warning("turn_cancel_listener_not_stopped")

@@ -18,6 +18,8 @@ import structlog
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
+from app.kit import periodic
+
 log = structlog.get_logger(__name__)
 
 # Messages a subscriber may have waiting; past this it is cut off (it resumes from the store).
@@ -113,6 +115,7 @@ class RedisBus:
         self._pubsub: PubSub | None = None
         self._reader: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
+        self._closing = False  # the reader's stop: its cancellation can be lost in a Redis call
 
     async def publish(self, channel: str, message: str) -> None:
         await self._redis.publish(channel, message)
@@ -139,7 +142,7 @@ class RedisBus:
         return self._pubsub
 
     async def _read(self, pubsub: PubSub) -> None:
-        while True:
+        while not self._closing:
             try:
                 if not pubsub.subscribed:
                     await asyncio.sleep(0.05)
@@ -160,10 +163,9 @@ class RedisBus:
             )
 
     async def aclose(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._reader
+        self._closing = True
+        if self._reader is not None and not await periodic.stop(self._reader):
+            log.warning("event_bus_reader_not_stopped", waited_seconds=periodic.STOP_WAIT)
         if self._pubsub is not None:
             with contextlib.suppress(Exception):
                 await self._pubsub.aclose()  # type: ignore[no-untyped-call]
