@@ -273,6 +273,17 @@ class ConversationRepository:
         )
         return bool(getattr(result, "rowcount", 0))
 
+    async def lapse_lease(self, *, turn_id: str, owner: str, now: datetime) -> bool:
+        """End the lease of a turn ``owner`` runs now, the turn still running: its runner stops
+        before the turn ended, and another may claim it at once rather than when the lease runs out."""
+        result = await self.session.execute(
+            update(Turn)
+            .where(Turn.id == turn_id, Turn.lease_owner == owner, Turn.status == "running")
+            .values(lease_expires_at=now)
+            .execution_options(synchronize_session=False)
+        )
+        return bool(getattr(result, "rowcount", 0))
+
     async def request_cancel(self, *, turn_id: str, now: datetime) -> None:
         """Mark a queued or running turn to be cancelled (its runner stops it, wherever it runs)."""
         await self.session.execute(

@@ -120,6 +120,8 @@ class InvalidCursor(Unprocessable):
 
 # A metadata PATCH that keeps losing its compare-and-set this many times in a row gives up (409).
 METADATA_PATCH_ATTEMPTS = 5
+# How long a stored turn's runner that stops before the turn's end tries to give its claim back.
+GIVE_UP_SECONDS = 5.0
 
 
 @dataclass(slots=True)
@@ -772,6 +774,32 @@ class ConversationService:
             await self.session.rollback()
             return  # finished, cancelled, or running under a live lease elsewhere
         await self.session.commit()
+        try:
+            await self._execute_claimed(turn_id)
+        except BaseException:
+            # Stopped before its end (its worker shutting down, the store failing under it): the
+            # turn is given up at once, so that the job put back on the queue, or the next recovery
+            # sweep, runs it now rather than once the lease (minutes) has run out.
+            await self._give_up(turn_id)
+            raise
+
+    async def _give_up(self, turn_id: str) -> None:
+        """Lapse the lease of a turn this process claimed (best effort, bounded: a store that does
+        not answer leaves the lease to run out)."""
+        if self.control is None or self.sessionmaker is None:
+            return
+        try:
+            async with asyncio.timeout(GIVE_UP_SECONDS), self.sessionmaker() as session, session.begin():
+                await ConversationRepository(session).lapse_lease(
+                    turn_id=turn_id, owner=self.control.owner, now=utcnow()
+                )
+        except Exception:
+            log.warning("turn_not_given_up", turn_id=turn_id, exc_info=True)
+
+    async def _execute_claimed(self, turn_id: str) -> None:
+        """``execute_stored`` once the turn is claimed by this process."""
+        assert self.control is not None
+        assert self.sessionmaker is not None
         row = await self.session.get(Turn, turn_id)
         conversation = await self.session.get(Conversation, row.conversation_id) if row is not None else None
         if row is None or conversation is None:
