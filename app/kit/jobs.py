@@ -43,6 +43,7 @@ from procrastinate.testing import InMemoryConnector
 from sqlalchemy.engine import make_url
 
 from app.config import Settings
+from app.kit.periodic import stop as stop_task
 
 if TYPE_CHECKING:
     from app.wiring import Resources
@@ -271,18 +272,9 @@ async def worker_in_process(job_app: App, *, resources: Resources) -> AsyncItera
     try:
         yield
     finally:
-        task.cancel()
-        await _stopped(task, within=resources.settings.worker_shutdown_seconds + STOP_MARGIN_SECONDS)
-
-
-async def _stopped(task: asyncio.Task[None], *, within: float) -> None:
-    """Wait for a cancelled worker task to end, at most ``within`` seconds: the engine waits for
-    its jobs and then for each of them to take its cancellation, and a job that never does (or a
-    database call that never returns) must not hold the process's shutdown forever. A job left
-    behind runs again elsewhere once this process's heartbeat is stale (at-least-once delivery)."""
-    done, _ = await asyncio.wait({task}, timeout=within)
-    if not done:
-        log.error("job_worker_stop_timed_out", waited_seconds=within)
-        return
-    with contextlib.suppress(asyncio.CancelledError):
-        task.result()
+        # Bounded: procrastinate waits for its jobs, then for each to take its cancellation, without
+        # a bound; one that never does must not hold the process's shutdown for ever. A job left
+        # behind runs again elsewhere once this process's heartbeat is stale (at least once).
+        within = resources.settings.worker_shutdown_seconds + STOP_MARGIN_SECONDS
+        if not await stop_task(task, within=within):
+            log.error("job_worker_stop_timed_out", waited_seconds=within)
