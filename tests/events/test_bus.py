@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from redis.asyncio.client import PubSub
 
 from app.events.bus import RedisBus
 
@@ -15,28 +16,29 @@ from app.events.bus import RedisBus
 async def test_the_bus_closes_though_its_reader_loses_its_cancellation(
     redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    real = PubSub.get_message
+    waiting = asyncio.Event()
+    lost = asyncio.Event()
+
+    async def get_message(self: PubSub, **kwargs: Any) -> Any:
+        waiting.set()
+        try:
+            return await real(self, **kwargs)
+        except asyncio.CancelledError:
+            lost.set()  # returns as if no message had come, as redis-py may
+            return None
+
+    monkeypatch.setattr(PubSub, "get_message", get_message)
     redis = aioredis.Redis.from_url(redis_url)
     bus = RedisBus(redis)
-    lost = asyncio.Event()
     try:
         async with bus.subscribe("sabre:test:bus"):
-            pubsub: Any = bus._pubsub
-            real = pubsub.get_message
-
-            async def get_message(**kwargs: Any) -> Any:
-                try:
-                    return await real(**kwargs)
-                except asyncio.CancelledError:
-                    lost.set()  # returns as if no message had come, as redis-py may
-                    return None
-
-            monkeypatch.setattr(pubsub, "get_message", get_message)
-            await asyncio.sleep(0.1)  # the reader is waiting in the patched call
+            await asyncio.wait_for(waiting.wait(), 10)  # the reader waits in the patched call
         closing = asyncio.create_task(bus.aclose())
         done, _ = await asyncio.wait({closing}, timeout=10)
         if not done:  # before: aclose waited for the reader for ever
-            assert bus._reader is not None
             monkeypatch.undo()
+            assert bus._reader is not None
             bus._reader.cancel()
         assert done, "the bus never closed"
         assert lost.is_set()
