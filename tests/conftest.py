@@ -23,11 +23,15 @@ import asyncpg
 import httpx
 import pytest
 import redis.asyncio as aioredis
+from sqlalchemy import text, update
 
 from app.config import Settings
+from app.kit.clock import utcnow
+from app.kit.db import create_engine
 from app.kit.migrate import upgrade
 from app.llm.scripted import ScriptedLLM
 from app.main import create_app
+from app.models import Turn
 
 PG_URL = os.environ.get("SABRE_TEST_DATABASE_URL", "")
 REDIS_URL = os.environ.get("SABRE_TEST_REDIS_URL", "")
@@ -146,8 +150,15 @@ AppFactory = Callable[..., AbstractAsyncContextManager[httpx.AsyncClient]]
 def make_client(store: dict[str, str | None], llm: ScriptedLLM, tmp_path: Path) -> AppFactory:
     """Build an app on the test's store and scripted LLM; settings can be overridden per call."""
 
+    earlier_tests_forgotten = False
+
     @asynccontextmanager
     async def _make(**overrides: Any) -> AsyncIterator[httpx.AsyncClient]:
+        nonlocal earlier_tests_forgotten
+        if not earlier_tests_forgotten:  # once: a test's second app takes over from its first
+            earlier_tests_forgotten = True
+            assert store["database_url"] is not None
+            await _forget_earlier_tests(store["database_url"])
         values: dict[str, Any] = {
             "database_url": store["database_url"],
             "redis_url": store["redis_url"],
@@ -171,6 +182,31 @@ def make_client(store: dict[str, str | None], llm: ScriptedLLM, tmp_path: Path) 
                 yield client
 
     return _make
+
+
+async def _forget_earlier_tests(database_url: str) -> None:
+    """End what earlier tests of this process left on the session's shared store that a new app
+    would otherwise run, with this test's scripted model: turns still queued or running (its
+    recovery sweep hands them out again once queued too long or their lease lapsed) and, on
+    PostgreSQL, jobs still queued or left running by an app that closed (its worker takes them,
+    a stalled one after SABRE_JOBS_STALLED_SECONDS) and the rows of workers that are gone. No app
+    of an earlier test is still open on this store (module-scoped servers have stores of their own)."""
+    engine = create_engine(database_url)
+    try:
+        async with engine.begin() as connection:
+            await connection.execute(
+                update(Turn)
+                .where(Turn.status.in_(("queued", "running")))
+                .values(status="failed", finished_at=utcnow(), lease_owner=None, lease_expires_at=None)
+            )
+            if not database_url.startswith("sqlite"):
+                for statement in (
+                    "DELETE FROM procrastinate_jobs WHERE status IN ('todo', 'doing')",
+                    "DELETE FROM procrastinate_workers",
+                ):
+                    await connection.execute(text(statement))
+    finally:
+        await engine.dispose()
 
 
 @pytest.fixture

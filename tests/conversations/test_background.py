@@ -6,16 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from app.config import Settings
 from app.conversations import background
 from app.conversations.repository import ConversationRepository
 from app.kit.clock import utcnow
 from app.llm.scripted import Reply, ScriptedLLM
+from app.main import create_app
 from app.models import Turn
 from tests.conftest import AppFactory
 from tests.events.test_turn_events import wait_for_turn
@@ -108,3 +112,44 @@ async def test_a_turn_whose_store_fails_under_its_end_is_given_up_at_once(
             assert row.status in ("queued", "running"), row.status
             assert time.monotonic() < deadline, "the turn was not given up"
             await asyncio.sleep(0.05)
+
+
+@pytest.mark.parametrize("store", ["postgres"], indirect=True)
+async def test_a_new_test_runs_nothing_an_earlier_test_left_on_the_shared_store(
+    make_client: AppFactory, llm: ScriptedLLM, store: dict[str, str | None], tmp_path: Path
+) -> None:
+    """Tests of one process share one database: a background turn an earlier test's app left when it
+    closed (its job put back on the queue) must not run in this test's app, with this test's model."""
+    with ScriptedLLM() as earlier_model:
+        earlier_model.script(Reply(text="Never seen.", delay=30))
+        earlier = create_app(
+            Settings(
+                database_url=store["database_url"],
+                redis_url=store["redis_url"],
+                data_dir=tmp_path / "earlier",
+                openai_base_url=earlier_model.base_url,
+                openai_api_key="sk-test-secret-key",
+                llm_api="chat",
+                model="scripted-model",
+                runtime_workers=1,
+                runtime_preload="",
+                worker_shutdown_seconds=0.1,
+            )
+        )
+        async with earlier.router.lifespan_context(earlier):
+            transport = httpx.ASGITransport(app=earlier)
+            async with httpx.AsyncClient(transport=transport, base_url="http://sabre.test") as client:
+                created = await client.post("/v1/conversations", json={"input": "hi", "background": True})
+                assert created.status_code == 202, created.text
+                deadline = time.monotonic() + 10
+                while not earlier_model.requests:
+                    assert time.monotonic() < deadline, "the earlier turn never called its model"
+                    await asyncio.sleep(0.02)
+    llm.script("Mine.")
+    async with make_client() as client:
+        mine = await client.post("/v1/conversations", json={"input": "hello"})
+        assert mine.status_code == 201, mine.text
+        assert mine.json()["output"] == "Mine."
+        await asyncio.sleep(1)  # the worker's first fetches and the recovery sweep at start
+    # Before: the earlier turn ran here too (this model's second request, or its only one).
+    assert len(llm.requests) == 1
