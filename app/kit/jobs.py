@@ -249,10 +249,13 @@ async def run_worker(job_app: App, *, resources: Resources, concurrency: int, na
 @contextlib.asynccontextmanager
 async def worker_in_process(job_app: App, *, resources: Resources) -> AsyncIterator[None]:
     """Run a worker beside the API in this process while the context is open; a worker that stops
-    on its own (its store went away) is started again after a pause."""
+    on its own (its store went away) is started again after a pause, until the context closes."""
+    closing = False
 
     async def supervise() -> None:
         pause = 1.0
+        # The flag, not the cancellation alone: a cancellation lost in a driver's call (see
+        # app.kit.periodic) would otherwise end one worker and start the next on a closed app.
         while True:
             try:
                 await run_worker(
@@ -262,8 +265,12 @@ async def worker_in_process(job_app: App, *, resources: Resources) -> AsyncItera
                     name="serve",
                 )
             except Exception:
+                if closing:
+                    return
                 log.exception("job_worker_failed", retry_in_seconds=pause)
             else:
+                if closing:
+                    return
                 log.error("job_worker_stopped", retry_in_seconds=pause)
             await asyncio.sleep(pause)
             pause = min(pause * 2, 30.0)
@@ -272,6 +279,7 @@ async def worker_in_process(job_app: App, *, resources: Resources) -> AsyncItera
     try:
         yield
     finally:
+        closing = True
         # Bounded: procrastinate waits for its jobs, then for each to take its cancellation, without
         # a bound; one that never does must not hold the process's shutdown for ever. A job left
         # behind runs again elsewhere once this process's heartbeat is stale (at least once).

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -258,4 +259,32 @@ async def test_a_job_that_ignores_cancellation_does_not_hold_the_shutdown(
         if not stuck:
             break
         await asyncio.sleep(0.1)
+    assert not stuck
+
+
+async def test_a_worker_that_loses_its_cancellation_is_not_started_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The process closes its worker and the cancellation is lost in a driver's call (the worker
+    returns as if it had stopped on its own): no new worker starts on the closing app."""
+    monkeypatch.setattr(jobs_module, "STOP_MARGIN_SECONDS", 0.5)
+    started = 0
+
+    async def a_worker_that_loses_its_cancellation(*args: object, **kwargs: object) -> None:
+        nonlocal started
+        started += 1
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            return  # lost: as if the worker had stopped on its own
+
+    monkeypatch.setattr(jobs_module, "run_worker", a_worker_that_loses_its_cancellation)
+    resources = SimpleNamespace(settings=SimpleNamespace(worker_concurrency=1, worker_shutdown_seconds=0.0))
+    async with jobs_module.worker_in_process(None, resources=resources):  # type: ignore[arg-type]
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(1.5)  # the supervisor's first pause before a restart is 1 s
+    stuck = [t for t in asyncio.all_tasks() if t.get_name() == "sabre job worker"]
+    for task in stuck:
+        task.cancel()  # before: a second worker, started after the close, waits here
+    assert started == 1
     assert not stuck
