@@ -33,14 +33,16 @@ async def test_the_bus_closes_though_its_reader_loses_its_cancellation(
     bus = RedisBus(redis)
     try:
         async with bus.subscribe("sabre:test:bus"):
-            await asyncio.wait_for(waiting.wait(), 10)  # the reader waits in the patched call
-        closing = asyncio.create_task(bus.aclose())
-        done, _ = await asyncio.wait({closing}, timeout=10)
-        if not done:  # before: aclose waited for the reader for ever
-            monkeypatch.undo()
-            assert bus._reader is not None
-            bus._reader.cancel()
-        assert done, "the bus never closed"
-        assert lost.is_set()
+            # Closed while still subscribed: the reader is then inside the patched call (once
+            # unsubscribed it would wait in a plain sleep instead, which takes its cancellation).
+            await asyncio.wait_for(waiting.wait(), 10)
+            closing = asyncio.create_task(bus.aclose())
+            done, _ = await asyncio.wait({closing}, timeout=10)
+            if not done:  # before: aclose waited for the reader for ever
+                monkeypatch.undo()
+                assert bus._reader is not None
+                bus._reader.cancel()
+            assert done, "the bus never closed"
+            assert lost.is_set()
     finally:
         await redis.aclose()
