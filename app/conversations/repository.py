@@ -264,22 +264,12 @@ class ConversationRepository:
         return bool(getattr(result, "rowcount", 0))
 
     async def renew_turn(self, *, turn_id: str, owner: str, until: datetime) -> bool:
-        """Extend the lease of a turn this process runs; False once another took it over."""
+        """Move the lease end of a turn this process runs (later: renewed; now: given up, so that
+        another may claim it at once); False once another took it over."""
         result = await self.session.execute(
             update(Turn)
             .where(Turn.id == turn_id, Turn.lease_owner == owner, Turn.status == "running")
             .values(lease_expires_at=until)
-            .execution_options(synchronize_session=False)
-        )
-        return bool(getattr(result, "rowcount", 0))
-
-    async def lapse_lease(self, *, turn_id: str, owner: str, now: datetime) -> bool:
-        """End the lease of a turn ``owner`` runs now, the turn still running: its runner stops
-        before the turn ended, and another may claim it at once rather than when the lease runs out."""
-        result = await self.session.execute(
-            update(Turn)
-            .where(Turn.id == turn_id, Turn.lease_owner == owner, Turn.status == "running")
-            .values(lease_expires_at=now)
             .execution_options(synchronize_session=False)
         )
         return bool(getattr(result, "rowcount", 0))

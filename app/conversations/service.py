@@ -790,8 +790,8 @@ class ConversationService:
             return
         try:
             async with asyncio.timeout(GIVE_UP_SECONDS), self.sessionmaker() as session, session.begin():
-                await ConversationRepository(session).lapse_lease(
-                    turn_id=turn_id, owner=self.control.owner, now=utcnow()
+                await ConversationRepository(session).renew_turn(
+                    turn_id=turn_id, owner=self.control.owner, until=utcnow()
                 )
         except Exception:
             log.warning("turn_not_given_up", turn_id=turn_id, exc_info=True)
