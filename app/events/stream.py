@@ -8,6 +8,7 @@ bus that crosses processes, it polls the store, so a turn running in another pro
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -101,10 +102,12 @@ async def follow(
             if subscription.overflowed:
                 yield CutOff()
                 return
-            try:
-                message = await asyncio.wait_for(subscription.queue.get(), timeout=wait)
-            except TimeoutError:
-                message = None
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for drops a cancellation (the
+            # client went away) that lands as a message arrives, and the stream would go on.
+            message: str | None = None
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    message = await subscription.queue.get()
             ended = False
             if message is not None:
                 for item in json.loads(message):

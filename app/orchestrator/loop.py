@@ -349,9 +349,9 @@ class TurnLoop:
             )
         budget = parent.limits.wall_clock_seconds * parent.max_iterations
         try:
-            outcome = await asyncio.wait_for(
-                self.run(child, depth=ctx.depth + 1, parent_event=parent_event), timeout=budget
-            )
+            # asyncio.timeout, not wait_for, which on Python 3.11 may drop the turn's cancellation.
+            async with asyncio.timeout(budget):
+                outcome = await self.run(child, depth=ctx.depth + 1, parent_event=parent_event)
         except TimeoutError:
             raise HelperError(f"sabre_call: the sub-task did not finish within {budget:g} s") from None
         for field_name in ("input_tokens", "output_tokens", "llm_calls", "iterations"):
