@@ -33,8 +33,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from app.runtime import RuntimePool
+from app.runtime.backend import bwrap_problem
 from app.runtime.isolation import SandboxMode, find_bwrap
-from app.runtime.pool import bwrap_problem
 from bench.runtime_bench import Bench
 
 ROOT = Path(__file__).resolve().parents[1]

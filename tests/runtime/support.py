@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from app.runtime import BlockOutcome, CallReply, HelperCall, JournalEntry, Limits, RuntimePool, SandboxTool
+from app.runtime.backend import bwrap_problem
 from app.runtime.isolation import find_bwrap
-from app.runtime.pool import bwrap_problem
 from app.runtime.worker_process import WorkerProcess
 
 

@@ -259,7 +259,7 @@ async def test_kill_minus_one_spares_the_server_and_the_other_workers(
     if blocks_share_the_server_user(pool):
         pytest.skip("blocks run as the server's own user: kill -1 would kill the test (process backend)")
     await assert_pool_works(pool, tmp_path)
-    workers = list(pool._workers)
+    workers = list(pool.workers.workers)
     outcome = await run(pool, "import os\nos.system('kill -9 -1')\nresult('alive')\n", workdir=tmp_path)
     if landlock.scopes_signals():
         # Its signals stay among its own processes: the shell's kill -1 took the block itself
@@ -270,7 +270,7 @@ async def test_kill_minus_one_spares_the_server_and_the_other_workers(
     # The pool recycles the worker whose block was killed; every other one, and the zygote that
     # forks them all, lives on.
     assert len([w for w in workers if not w.dead]) >= len(workers) - 1
-    assert all(z.proc.returncode is None for z in pool._zygotes)
+    assert all(z.proc.returncode is None for z in pool.workers.zygotes)
     for _ in range(3):
         await assert_pool_works(pool, tmp_path)
 

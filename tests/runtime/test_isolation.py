@@ -150,7 +150,7 @@ helper.kill()
 result([bool(os.statvfs(path).f_flag & os.ST_RDONLY) for path in ('/proc/irq', '/proc/bus')])
 """
     first, second = await asyncio.gather(*(run(side_by_side, code, workdir=d) for d in conversations))
-    shared = len(side_by_side._zygotes) == 1
+    shared = len(side_by_side.workers.zygotes) == 1
     # Root (as in CI): bubblewrap lets the zygote mount its /proc; unprivileged, it cannot.
     assert shared == (landlock.scopes_signals() and os.getuid() == 0)
     seen = []
@@ -296,7 +296,7 @@ result([os.getresuid(), status['CapEff'].strip(), status['CapBnd'].strip(), stat
 async def test_a_bwrap_worker_is_not_root_on_the_host(solo: RuntimePool) -> None:
     if solo.sandbox != "bwrap":
         pytest.skip("a test of the bwrap backend")
-    uids = _worker_uids([z.proc.pid for z in solo._zygotes])
+    uids = _worker_uids([z.proc.pid for z in solo.workers.zygotes])
     assert uids
     assert 0 not in uids if os.geteuid() == 0 else uids == {os.getuid()}
 

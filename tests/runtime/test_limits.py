@@ -190,7 +190,7 @@ async def test_pool_survives_its_worker_being_killed(pool: RuntimePool, tmp_path
     as ``worker_lost`` and the pool replaces the worker."""
     running = asyncio.ensure_future(run(pool, "import time\ntime.sleep(5)\n", workdir=tmp_path))
     for _ in range(500):
-        busy = [w for w in pool._workers if w.state is WorkerState.RUNNING]
+        busy = [w for w in pool.workers.workers if w.state is WorkerState.RUNNING]
         if busy:
             break
         await asyncio.sleep(0.01)
@@ -210,25 +210,25 @@ async def test_pool_survives_its_zygote_being_killed(pool: RuntimePool, tmp_path
     blocks fail as ``worker_lost``, and a new zygote forks the replacements."""
     running = asyncio.ensure_future(run(pool, "import time\ntime.sleep(5)\n", workdir=tmp_path))
     for _ in range(500):
-        if any(w.state is WorkerState.RUNNING for w in pool._workers):
+        if any(w.state is WorkerState.RUNNING for w in pool.workers.workers):
             break
         await asyncio.sleep(0.01)
     await asyncio.sleep(0.2)
-    first = pool._zygotes[0]
+    first = pool.workers.zygotes[0]
     os.kill(first.proc.pid, signal.SIGKILL)
     outcome = await running
     assert outcome.failure == "worker_lost", (outcome.failure, outcome.error)
     # A block that comes while the pool learns of the loss may fail as worker_lost too (as
     # with any worker that dies idle); once the pool has noticed, the replacements serve.
     for _ in range(500):
-        if first not in pool._zygotes and first.dead:
+        if first not in pool.workers.zygotes and first.dead:
             break
         await asyncio.sleep(0.01)
     assert first.dead
     assert not first.workers
     for _ in range(3):
         await assert_pool_works(pool, tmp_path)
-    assert all(z.proc.returncode is None for z in pool._zygotes)
+    assert all(z.proc.returncode is None for z in pool.workers.zygotes)
 
 
 @pytest.mark.parametrize(
@@ -288,7 +288,7 @@ async def test_closing_while_a_replacement_starts_never_hangs(
             assert outcome.status == "limit", outcome.error
             await asyncio.sleep(attempt * 0.002)  # 0 to 30 ms into the replacement's start
         finally:
-            zygotes = list(pool._zygotes)
+            zygotes = list(pool.workers.zygotes)
             async with asyncio.timeout(15):
                 await pool.aclose()
         assert all(z.proc.returncode is not None for z in zygotes), attempt

@@ -12,6 +12,7 @@ import pytest
 import pytest_asyncio
 
 from app.runtime import CallReply, JournalEntry, RuntimePool
+from app.runtime.supervisor import WorkerSupervisor
 from app.runtime.worker_process import WorkerState
 from tests.runtime.support import BACKENDS, Recorder, bwrap_unavailable, run
 
@@ -135,10 +136,11 @@ async def test_worker_states_follow_a_parked_block_and_its_eviction(workspaces: 
     await pool.start()
     try:
         await pause(pool, tmp_path)
-        assert sorted(w.state for w in pool._workers) == sorted([WorkerState.BOUND, WorkerState.IDLE])
+        assert sorted(w.state for w in pool.workers.workers) == sorted([WorkerState.BOUND, WorkerState.IDLE])
         other = Path(tempfile.mkdtemp(prefix="busy-", dir=workspaces))
         busy = asyncio.ensure_future(run(pool, "import time\ntime.sleep(30)\n", workdir=other))
-        while sorted(w.state for w in pool._workers) != sorted([WorkerState.BOUND, WorkerState.RUNNING]):  # noqa: ASYNC110
+        both = sorted([WorkerState.BOUND, WorkerState.RUNNING])
+        while sorted(w.state for w in pool.workers.workers) != both:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
         third = Path(tempfile.mkdtemp(prefix="third-", dir=workspaces))
         done = await run(pool, "result(3)", workdir=third)
@@ -156,7 +158,7 @@ async def test_a_block_waiting_for_a_worker_fails_when_the_pool_closes(
     await pool.start()
     other = Path(tempfile.mkdtemp(prefix="busy-", dir=workspaces))
     busy = asyncio.ensure_future(run(pool, "import time\ntime.sleep(30)\n", workdir=other))
-    while [w.state for w in pool._workers] != [WorkerState.RUNNING]:  # noqa: ASYNC110
+    while [w.state for w in pool.workers.workers] != [WorkerState.RUNNING]:  # noqa: ASYNC110
         await asyncio.sleep(0.01)
     waiting = asyncio.ensure_future(run(pool, "result(1)", workdir=tmp_path))
     await asyncio.sleep(0.2)
@@ -175,7 +177,7 @@ async def test_a_waiting_block_cancelled_leaves_the_others_waiting(workspaces: P
     try:
         other = Path(tempfile.mkdtemp(prefix="busy-", dir=workspaces))
         busy = asyncio.ensure_future(run(pool, "import time\ntime.sleep(1)\nresult('busy')\n", workdir=other))
-        while [w.state for w in pool._workers] != [WorkerState.RUNNING]:  # noqa: ASYNC110
+        while [w.state for w in pool.workers.workers] != [WorkerState.RUNNING]:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
         gone = asyncio.ensure_future(run(pool, "result('gone')", workdir=tmp_path))
         kept = asyncio.ensure_future(run(pool, "result('kept')", workdir=tmp_path))
@@ -219,9 +221,9 @@ async def test_bound_processes_get_workers_of_their_own(roomy: RuntimePool, work
     first, second, third = (Path(tempfile.mkdtemp(prefix="room-", dir=workspaces)) for _ in range(3))
     journal_a = await pause(roomy, first)
     journal_b = await pause(roomy, second)
-    assert roomy.parked_blocks == 2, [(w.state, w.pid) for w in roomy._workers]
+    assert roomy.parked_blocks == 2, [(w.state, w.pid) for w in roomy.workers.workers]
     await _until(lambda: roomy.idle_workers == 1)
-    assert len(roomy._workers) == 3
+    assert len(roomy.workers.workers) == 3
     done = await run(roomy, "result(3)", workdir=third)  # the free one: nobody gives way
     assert done.results == ["3"]
     assert roomy.parked_blocks == 2
@@ -239,8 +241,8 @@ async def test_past_live_processes_the_least_recently_used_gives_way(
     await pause(roomy, second)
     await pause(roomy, third)  # a third: the first gives way (its block will replay)
     assert roomy.parked_blocks == 2
-    await _until(lambda: len(roomy._workers) <= 3 and roomy.idle_workers >= 1)
-    assert len(roomy._workers) <= 3  # never more than size + live_processes
+    await _until(lambda: len(roomy.workers.workers) <= 3 and roomy.idle_workers >= 1)
+    assert len(roomy.workers.workers) <= 3  # never more than size + live_processes
     a = await run(roomy, CODE, workdir=first, tools={"lookup": ["order_id"]}, journal=journal_a)
     assert (a.process, a.results[-1]) == ("fresh", "2"), a.error
 
@@ -253,11 +255,10 @@ async def test_surplus_workers_go_once_their_conversations_let_go(
     paths = [Path(tempfile.mkdtemp(prefix="room-", dir=workspaces)) for _ in range(2)]
     for path in paths:
         await pause(roomy, path)
-    await _until(lambda: len(roomy._workers) == 3 and roomy.idle_workers == 1)
-    for bound in list(roomy._bound.values()):
-        roomy._let_go(bound)  # as their live time running out would
-    roomy._bound.clear()
-    await _until(lambda: len(roomy._workers) == 1 and roomy.idle_workers == 1)
+    await _until(lambda: len(roomy.workers.workers) == 3 and roomy.idle_workers == 1)
+    while roomy.bindings.give_way():  # as their live time running out would
+        pass
+    await _until(lambda: len(roomy.workers.workers) == 1 and roomy.idle_workers == 1)
     done = await run(roomy, "result(1)", workdir=paths[0])
     assert done.results == ["1"]
 
@@ -274,7 +275,7 @@ async def test_a_worker_that_cannot_be_added_does_not_strand_a_waiting_block(wor
             await asyncio.sleep(0.3)
             raise RuntimeError("the sandbox zygote could not fork a worker")
 
-        pool._spawn = refused  # type: ignore[method-assign,assignment]
+        pool.workers._spawn = refused  # type: ignore[method-assign,assignment]
         first, second = (Path(tempfile.mkdtemp(prefix="room-", dir=workspaces)) for _ in range(2))
         await pause(pool, first)
         assert pool.parked_blocks == 1
@@ -293,14 +294,14 @@ async def test_without_cheap_workers_bound_processes_take_turns_on_the_workers(
     ``size - 1`` of its workers as before."""
     if (why := await bwrap_unavailable(workspaces)) is not None:
         pytest.skip(f"bubblewrap cannot run here: {why}")
-    monkeypatch.setattr(RuntimePool, "_shares_namespace", staticmethod(lambda: False))
+    monkeypatch.setattr(WorkerSupervisor, "_shares_namespace", staticmethod(lambda: False))
     async with RuntimePool(
         size=2, preload=(), sandbox="bwrap", workspaces=workspaces, live_seconds=30.0, live_processes=4
     ) as pool:
-        assert len(pool._zygotes) == 2  # a zygote, and a namespace, per worker
+        assert len(pool.workers.zygotes) == 2  # a zygote, and a namespace, per worker
         first, second = (Path(tempfile.mkdtemp(prefix="room-", dir=workspaces)) for _ in range(2))
         await pause(pool, first)
         await pause(pool, second)  # the first gives way: one worker stays free
         assert pool.parked_blocks == 1
         await asyncio.sleep(0.3)
-        assert len(pool._workers) == 2
+        assert len(pool.workers.workers) == 2

@@ -472,8 +472,8 @@ async def test_a_block_cannot_steer_other_processes_by_pid(pool: RuntimePool, tm
     guessing pids it can neither renice, pin, deschedule nor limit them (nor its worker, the
     zygote or the server), nor read their nice value or limits; its own process it still may."""
     victim_dir, attacker_dir = (
-        _conversation(pool._workspaces or tmp_path),
-        _conversation(pool._workspaces or tmp_path),
+        _conversation(pool.workspaces or tmp_path),
+        _conversation(pool.workspaces or tmp_path),
     )
     before = (os.getpriority(os.PRIO_PROCESS, 0), sorted(os.sched_getaffinity(0)))
     victim = asyncio.ensure_future(run(pool, _VICTIM.format(seconds=1.5), workdir=victim_dir))
