@@ -33,6 +33,7 @@ from app.events.recorder import TurnRecorder
 from app.events.repository import EventRepository
 from app.events.schemas import EventType
 from app.events.webhooks import schedule_turn_webhook, webhook_event
+from app.files.repository import FileRepository
 from app.helpers import HELPERS, Usage
 from app.kit import periodic, tracing
 from app.kit.clock import utcnow
@@ -1293,21 +1294,23 @@ class ConversationService:
                 self.session.add(ended)
             row = ended
         # After their conversation's row (the unit of work flushes them at the commit).
-        self.session.add_all(
-            StoredFile(
-                id=file_id,
-                tenant=conversation.tenant,
-                conversation_id=conversation.id,
-                turn_id=turn_id,
-                content_type="image/png",
-                size=len(png),
-                data=png,
-                created_at=now,
-            )
-            for message in outcome.messages
-            for part in message.parts
-            if isinstance(part, HelpersResultPart)
-            for file_id, png in zip(part.files, message.images, strict=True)
+        FileRepository(self.session).add_all(
+            [
+                StoredFile(
+                    id=file_id,
+                    tenant=conversation.tenant,
+                    conversation_id=conversation.id,
+                    turn_id=turn_id,
+                    content_type="image/png",
+                    size=len(png),
+                    data=png,
+                    created_at=now,
+                )
+                for message in outcome.messages
+                for part in message.parts
+                if isinstance(part, HelpersResultPart)
+                for file_id, png in zip(part.files, message.images, strict=True)
+            ]
         )
         turn = self.turn_out(row, conversation)
         recorder.emit(_end_type(outcome.status), turn.model_dump(mode="json"))
