@@ -127,18 +127,7 @@ class WorkerCgroup:
             with contextlib.suppress(OSError):
                 write_file(self.memory / "cgroup.kill", "1")
             return
-        for pid in _procs(self.pids):
-            try:
-                pidfd = os.pidfd_open(pid)
-            except OSError:
-                continue
-            try:
-                if pid in _procs(self.pids):  # not a reused pid: still ours, now pinned
-                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-            except OSError:
-                pass
-            finally:
-                os.close(pidfd)
+        _kill_members(self.pids)
 
     def remove(self) -> bool:
         """Kill what is left in it and remove its directories; False while some remain."""
@@ -370,10 +359,26 @@ def _remove_tree(path: Path) -> bool:
         for child in path.iterdir():
             if child.is_dir():
                 removed = _remove_tree(child) and removed
-    for pid in _procs(path):
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
+    _kill_members(path)
     return _rmdir(path) and removed
+
+
+def _kill_members(cgroup: Path) -> None:
+    """SIGKILL every process in ``cgroup`` through a pidfd, once it is known to be still there: a
+    pid read from cgroup.procs may belong to another process by the time it is signalled (the
+    member exited and its pid was reused), but not while a pidfd holds it."""
+    for pid in _procs(cgroup):
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            continue
+        try:
+            if pid in _procs(cgroup):  # not a reused pid: still a member, now pinned
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        except OSError:
+            pass
+        finally:
+            os.close(pidfd)
 
 
 async def _removed(attempt: Callable[[], bool]) -> bool:
