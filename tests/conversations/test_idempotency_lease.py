@@ -262,11 +262,8 @@ def server_log(path: Path) -> str:
     return path.read_text(errors="replace")[-4000:]
 
 
-@contextlib.asynccontextmanager
-async def serve(
-    started: list[Server], env: dict[str, str], log: Path
-) -> AsyncIterator[tuple[Server, httpx.AsyncClient]]:
-    """`sabre serve` on a free port (its own process group), once it answers /healthz."""
+async def start(started: list[Server], env: dict[str, str], log: Path) -> tuple[Server, int]:
+    """`sabre serve` started on a free port (its own process group); not waited for yet."""
     port = free_port()
     with log.open("ab") as out:
         process = await asyncio.create_subprocess_exec(
@@ -283,6 +280,12 @@ async def serve(
             start_new_session=True,
         )
     started.append(process)
+    return process, port
+
+
+@contextlib.asynccontextmanager
+async def ready(process: Server, port: int, log: Path) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of a server from `start`, once it answers /healthz."""
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
         deadline = time.monotonic() + 60
         while True:
@@ -292,18 +295,20 @@ async def serve(
                     break
             assert time.monotonic() < deadline, server_log(log)
             await asyncio.sleep(0.1)
-        yield process, client
+        yield client
 
 
 async def test_a_retry_succeeds_soon_after_the_server_is_killed(
     served_store: dict[str, str | None], llm: ScriptedLLM, tmp_path: Path
 ) -> None:
     """A resume-like message turn with an Idempotency-Key; its server is SIGKILLed in the middle of the
-    model call. Against a new server on the same store, the client's retries with the same key
+    model call. Against another server on the same store, the client's retries with the same key
     succeed once the dead request's lease runs out (seconds, not 15 minutes), and the message is
     applied once."""
-    # Long enough to outlast the new server's start-up, so its first retries meet the live claim.
-    lease = 8.0
+    # The other server starts with the first, so it is up when the first is killed and its first
+    # retries meet the live claim; not so short a lease that a renewal delayed on a loaded machine
+    # lets the claim lapse before the kill.
+    lease = 5.0
     tenant, api_key, auth = tenant_and_key()
     env = {name: value for name, value in os.environ.items() if not name.startswith("SABRE_")}
     env.update(
@@ -327,22 +332,24 @@ async def test_a_retry_succeeds_soon_after_the_server_is_killed(
     key = {"Idempotency-Key": f"resume-{secrets.token_hex(4)}", **auth}
     llm.script("first answer", Reply(text="never sent", delay=120), "second answer")
     async with processes() as started:
-        async with serve(started, env, log) as (first, client):
-            created = await client.post("/v1/conversations", json={"input": "hi"}, headers=auth)
-            assert created.status_code == 201, created.text
-            conversation = created.json()["conversation_id"]
-            url = f"/v1/conversations/{conversation}/messages"
-            in_flight = asyncio.create_task(client.post(url, json=message, headers=key))
-            await wait_for(lambda: len(llm.requests) == 2, within=30)
-            first.send_signal(signal.SIGKILL)
-            killed_at = time.monotonic()
-            await first.wait()
-            with pytest.raises(httpx.TransportError):
-                await in_flight
-        async with serve(started, env, log) as (_, client):
+        first, first_port = await start(started, env, log)
+        second, second_port = await start(started, env, log)
+        async with ready(second, second_port, log) as other:
+            async with ready(first, first_port, log) as client:
+                created = await client.post("/v1/conversations", json={"input": "hi"}, headers=auth)
+                assert created.status_code == 201, created.text
+                conversation = created.json()["conversation_id"]
+                url = f"/v1/conversations/{conversation}/messages"
+                in_flight = asyncio.create_task(client.post(url, json=message, headers=key))
+                await wait_for(lambda: len(llm.requests) == 2, within=30)
+                first.send_signal(signal.SIGKILL)
+                killed_at = time.monotonic()
+                await first.wait()
+                with pytest.raises(httpx.TransportError):
+                    await in_flight
             refusals: list[str] = []
             while True:
-                retry = await client.post(url, json=message, headers=key)
+                retry = await other.post(url, json=message, headers=key)
                 if retry.status_code != 409:
                     break
                 refusals.append(retry.json()["code"])
@@ -355,12 +362,12 @@ async def test_a_retry_succeeds_soon_after_the_server_is_killed(
             # most a third of a lease before the kill, and no longer: then the retry went through.
             assert set(refusals) <= {"idempotency_in_progress", "turn_in_progress"}, refusals
             assert lease * 2 / 3 - 0.5 < waited < lease + 10, (waited, refusals)
-            replay = await client.post(url, json=message, headers=key)
+            replay = await other.post(url, json=message, headers=key)
             assert replay.headers.get("idempotent-replayed") == "true"
             assert replay.json() == retry.json()
-            view = (await client.get(f"/v1/conversations/{conversation}", headers=auth)).json()
+            view = (await other.get(f"/v1/conversations/{conversation}", headers=auth)).json()
             assert view["version"] == 2
-            transcript = (await client.get(f"{url}", headers=auth)).json()["data"]
+            transcript = (await other.get(f"{url}", headers=auth)).json()["data"]
             users = [m for m in transcript if m["role"] == "user"]
             assert len(users) == 2  # "hi" and one "and now?", not two
     assert len(llm.requests) == 3
