@@ -47,7 +47,7 @@ _THREAD_POOL_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_TH
 
 
 class WorkerState(StrEnum):
-    """Where a worker is in its life, as the pool sees it (``RuntimePool`` moves it along)."""
+    """Where a worker is in its life, as the pool sees it (``WorkerSupervisor.set_state`` moves it)."""
 
     STARTING = "starting"  # its process starts and forks its first child
     IDLE = "idle"  # its child waits for a block
