@@ -36,6 +36,7 @@ from sqlalchemy.orm import defer
 from sqlalchemy.orm.attributes import instance_state, set_committed_value
 
 from app.kit.clock import utcnow
+from app.kit.json_body import INT64_MAX, INT64_MIN
 from app.models import ChatLink, Conversation, Event, Message, StoredFile, Turn
 
 
@@ -445,12 +446,13 @@ def _metadata_matches(dialect: str, *, key: str, value: str) -> ColumnElement[bo
 
 
 def _canonical_int(text: str) -> int | None:
-    """``text`` as an integer if it is exactly how ``json.dumps`` writes that integer."""
+    """``text`` as an integer if it is exactly how ``json.dumps`` writes that integer. Stored metadata
+    keeps to 64 bits, and SQLite cannot bind a larger one (an OverflowError, a 500): only as text."""
     try:
         number = int(text)
     except ValueError:
         return None
-    return number if str(number) == text else None
+    return number if str(number) == text and INT64_MIN <= number <= INT64_MAX else None
 
 
 def _canonical_float(text: str) -> float | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -502,6 +502,16 @@ class ConversationCursor(BaseModel):
     v: Literal[1] = 1
     created_at: AwareDatetime
     id: str = Field(min_length=1, max_length=64)
+
+    @field_validator("created_at")
+    @classmethod
+    def _in_utc(cls, value: datetime) -> datetime:
+        # The store compares in UTC: a time at the calendar's edge with an offset (year 1 at +01:00)
+        # has no UTC value, and converting it later in the query was a 500.
+        try:
+            return value.astimezone(UTC)
+        except OverflowError:
+            raise ValueError("the time has no UTC value") from None
 
     def encode(self) -> str:
         """The opaque text a client passes back as ``after``."""
