@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import re
 from collections.abc import Callable, Coroutine
 from typing import Any, Final, NoReturn
 
@@ -102,6 +103,49 @@ def nul_path(value: Any) -> Path | None:
     return None
 
 
+def surrogate_path(value: Any) -> Path | None:
+    """The path to the first string (value or key) holding a lone surrogate, else None.
+
+    JSON escapes one half of a pair alone (``"\\ud800"``), and ``json`` reads it (and its raw UTF-8
+    bytes) as is; no UTF-8 encoder takes it, so once stored it made every response that carries it,
+    and every model request, fail (a 500 on GET, a listing of the tenant's conversations, a turn).
+    """
+    stack: list[tuple[Any, Path]] = [(value, [])]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, str):
+            if _SURROGATE.search(node):
+                return path
+        elif isinstance(node, dict):
+            for key, child in node.items():
+                if _SURROGATE.search(key):
+                    return [*path, key]
+                stack.append((child, [*path, key]))
+        elif isinstance(node, list):
+            stack.extend((child, [*path, index]) for index, child in enumerate(node))
+    return None
+
+
+_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+# How a lone surrogate can be written in a body: a \uD8xx-\uDFxx escape (a valid pair too, which
+# the walk then finds paired), or its three raw bytes (ED A0-BF xx), which ``json`` also decodes.
+_SURROGATE_IN_BYTES: Final = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+_SURROGATE_IN_TEXT: Final = re.compile(r"\\u[dD][89a-fA-F]|[\ud800-\udfff]")
+
+
+def has_surrogate(what: str, path: Path) -> Unprocessable:
+    """The 422 for a lone surrogate in a request string."""
+    # The key that holds it is shown escaped: the answer must itself be UTF-8.
+    loc = [
+        part.encode("utf-8", "backslashreplace").decode() if isinstance(part, str) else part for part in path
+    ]
+    shown = ".".join(str(part) for part in loc[:12]) or what
+    return Unprocessable(
+        f"{shown}: not valid Unicode (a lone surrogate, \\ud800-\\udfff without its pair).",
+        extra={"errors": [{"loc": loc, "msg": "contains a lone surrogate", "type": "string_unicode"}]},
+    )
+
+
 def has_nul(what: str, path: Path) -> Unprocessable:
     """The 422 for a NUL character in a request string."""
     shown = ".".join(str(part).replace("\x00", "\\u0000") for part in path[:12]) or what
@@ -133,6 +177,10 @@ def loads(data: bytes | str) -> Any:
         path = nul_path(value)
         if path is not None:
             raise has_nul("The JSON body", path)
+    if _SURROGATE_IN_BYTES.search(data) if isinstance(data, bytes) else _SURROGATE_IN_TEXT.search(data):
+        path = surrogate_path(value)
+        if path is not None:
+            raise has_surrogate("The JSON body", path)
     return value
 
 

@@ -186,7 +186,6 @@ async def test_references_never_leave_the_schema(
         ),
         ({"type": "object", "properties": {"x": {"type": "string", "pattern": "(?=a)b"}}}, ["(?=a)b", "RE2"]),
         ({"type": "object", "patternProperties": {"(?<!x)y": {}}}, ["(?<!x)y", "RE2"]),
-        ({"type": "object", "properties": {"x": {"type": "string", "pattern": "\ud800"}}}, ["surrogate"]),
         # A nested $schema would hand that subschema to jsonschema's own class (and Python's re).
         (
             {

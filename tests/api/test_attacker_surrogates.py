@@ -1,0 +1,108 @@
+"""Lone surrogates in request bodies are a 422 on both stores. JSON can carry half a UTF-16 pair
+(``"\\ud800"``, or its raw UTF-8 bytes), which ``json`` decodes as is and no UTF-8 encoder takes:
+before, such an input or metadata value was stored, then every answer that carried it was a 500
+(GET of the conversation or its messages, and the listing of every conversation of the tenant) and
+the turn's request to the model could not be sent (found by the attacker pass)."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.kit.errors import Unprocessable
+from app.kit.json_body import loads
+from app.llm.scripted import ScriptedLLM
+from tests.conftest import AppFactory
+
+JSON = {"content-type": "application/json"}
+
+
+@pytest.mark.parametrize(
+    ("body", "where"),
+    [
+        (b'{"input": "hi \\ud800 there"}', "input"),
+        (b'{"input": "hi \\uDC00"}', "input"),
+        (b'{"input": "hi \xed\xa0\x80"}', "input"),  # the surrogate's own UTF-8 bytes
+        (b'{"input": "hi", "metadata": {"k": "\\udfff"}}', "metadata.k"),
+        (b'{"input": "hi", "metadata": {"\\ud800": "v"}}', "metadata.\\ud800"),
+        (b'{"input": "hi", "instructions": "\\ude00\\ud83d"}', "instructions"),  # a pair the wrong way round
+        (b'{"input": "hi", "messages": [{"role": "user", "content": "\\ud800"}]}', "messages.0.content"),
+    ],
+)
+async def test_a_lone_surrogate_is_refused(
+    make_client: AppFactory, llm: ScriptedLLM, body: bytes, where: str
+) -> None:
+    async with make_client() as client:
+        response = await client.post("/v1/conversations", content=body, headers=JSON)
+        assert response.status_code == 422, response.text
+        problem = response.json()
+        assert problem["detail"].startswith(f"{where}: not valid Unicode"), problem
+        assert problem["errors"][0]["type"] == "string_unicode"
+        listed = await client.get("/v1/conversations")
+        assert listed.status_code == 200, listed.text
+    assert llm.requests == []
+
+
+async def test_a_lone_surrogate_in_a_later_request_leaves_the_conversation_usable(
+    make_client: AppFactory, llm: ScriptedLLM
+) -> None:
+    tool = {"type": "function", "name": "lookup", "parameters": {"type": "object"}}
+    llm.script("<helpers>\nprint(lookup())\n</helpers>", "done")
+    async with make_client() as client:
+        created = await client.post("/v1/conversations", json={"input": "hi", "tools": [tool]})
+        turn = created.json()
+        assert turn["status"] == "awaiting_tool_results", turn
+        conv, call = turn["conversation_id"], turn["pending_tool_calls"][0]["id"]
+        bad = b'{"results": [{"tool_call_id": "%s", "output": {"name": "\\udbff"}}]}' % call.encode()
+        response = await client.post(f"/v1/conversations/{conv}/tool-results", content=bad, headers=JSON)
+        assert response.status_code == 422, response.text
+        patch = await client.patch(f"/v1/conversations/{conv}", content=b'{"metadata": {"a": "\\ud800"}}')
+        assert patch.status_code == 422, patch.text
+        good = {"results": [{"tool_call_id": call, "output": {"name": "\U0001f600"}}]}
+        resumed = await client.post(f"/v1/conversations/{conv}/tool-results", json=good)
+        assert resumed.status_code == 200, resumed.text
+        assert resumed.json()["status"] == "completed"
+        for path in ("", "/messages"):
+            assert (await client.get(f"/v1/conversations/{conv}{path}")).status_code == 200
+
+
+async def test_chat_completions_refuse_a_lone_surrogate_even_inside_a_json_string(
+    make_client: AppFactory, llm: ScriptedLLM
+) -> None:
+    async with make_client() as client:
+        for content in (b'"\\ud800"', b'"{\\"a\\": \\"\\\\ud800\\"}"'):  # plain, and in a tool's JSON
+            body = (
+                b'{"model": "sabre/default", "messages": [{"role": "user", "content": "hi"}, '
+                b'{"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", '
+                b'"function": {"name": "t", "arguments": "{}"}}]}, '
+                b'{"role": "tool", "tool_call_id": "c1", "content": ' + content + b"}]}"
+            )
+            response = await client.post("/v1/chat/completions", content=body, headers=JSON)
+            assert response.status_code == 422, response.text
+            assert "not valid Unicode" in response.json()["detail"], response.text
+    assert llm.requests == []
+
+
+def test_loads_keeps_pairs_and_refuses_halves() -> None:
+    assert loads(b'{"a": "\\ud83d\\ude00"}') == {"a": "\U0001f600"}
+    assert loads('{"a": "\U0001f600"}'.encode()) == {"a": "\U0001f600"}
+    assert loads(b'{"a": "\\\\ud800"}') == {"a": "\\ud800"}  # an escaped backslash: text
+    for body in (b'{"a": "\\ud83d"}', b'["\\ude00"]', b'{"a": "\xed\xb0\x80"}', '["\ud800"]'):
+        with pytest.raises(Unprocessable):
+            loads(body)
+
+
+async def test_a_tool_pattern_that_is_half_a_pair_is_refused_with_the_body(
+    make_client: AppFactory, llm: ScriptedLLM
+) -> None:
+    # Was invalid_tool from the schema check (test_hostile_input); the body's check comes first now.
+    tool = (
+        b'{"type": "function", "name": "odd", "parameters": {"type": "object", '
+        b'"properties": {"x": {"type": "string", "pattern": "\\ud800"}}}}'
+    )
+    async with make_client() as client:
+        body = b'{"input": "hi", "tools": [' + tool + b"]}"
+        response = await client.post("/v1/conversations", content=body, headers=JSON)
+        assert response.status_code == 422, response.text
+        assert response.json()["detail"].startswith(
+            "tools.0.parameters.properties.x.pattern: not valid Unicode"
+        )
