@@ -160,6 +160,10 @@ def loads(data: bytes | str) -> Any:
 
     Malformed JSON still raises ``ValueError`` (``json.JSONDecodeError``), as ``json.loads`` does.
     """
+    if isinstance(data, bytes) and (encoding := json.detect_encoding(data)) not in ("utf-8", "utf-8-sig"):
+        # UTF-16 and UTF-32, which json reads too, are checked as text: a NUL's or a surrogate's
+        # escape has a zero byte after each character there, so the byte searches below missed it.
+        data = data.decode(encoding, "surrogatepass")
     try:
         value = json.loads(data, parse_constant=_not_a_number, parse_float=_finite_float)
     except RecursionError:

@@ -106,3 +106,26 @@ async def test_a_tool_pattern_that_is_half_a_pair_is_refused_with_the_body(
         assert response.json()["detail"].startswith(
             "tools.0.parameters.properties.x.pattern: not valid Unicode"
         )
+
+
+@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be", "utf-16", "utf-32-le", "utf-32"])
+async def test_bodies_in_utf16_or_utf32_are_checked_alike(
+    make_client: AppFactory, llm: ScriptedLLM, encoding: str
+) -> None:
+    # json reads UTF-16 and UTF-32 bodies too, where each escape's characters are spread over zero
+    # bytes: the byte searches for a NUL's and a surrogate's escape missed them, and both were stored.
+    llm.script("hello")
+    async with make_client() as client:
+        for text, kind in (
+            ('{"input": "a\\u0000b"}', "string_nul"),
+            ('{"input": "a\\ud800b"}', "string_unicode"),
+        ):
+            response = await client.post("/v1/conversations", content=text.encode(encoding), headers=JSON)
+            assert response.status_code == 422, response.text
+            assert response.json()["errors"][0]["type"] == kind
+        assert llm.requests == []
+        fine = await client.post(
+            "/v1/conversations", content='{"input": "h\\u00e9"}'.encode(encoding), headers=JSON
+        )
+        assert fine.status_code == 201, fine.text
+        assert fine.json()["status"] == "completed"
