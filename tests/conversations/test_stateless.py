@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 import httpx
@@ -66,20 +66,14 @@ async def _ready(url: str) -> None:
     raise AssertionError(f"server at {url} did not become ready")
 
 
-@pytest.fixture
-async def two_servers(
-    own_postgres_url: str,
-    redis_url: str,
-    llm: ScriptedLLM,
-    tmp_path: Path,
-    servers: list[subprocess.Popen[bytes]],
-) -> AsyncIterator[tuple[str, str]]:
-    env = {
+def server_env(*, database_url: str, redis_url: str, llm: ScriptedLLM, home: Path) -> dict[str, str]:
+    """The environment of the ``sabre serve`` processes of one store."""
+    return {
         "PATH": os.environ["PATH"],
-        "HOME": str(tmp_path),
-        "SABRE_DATABASE_URL": own_postgres_url,
+        "HOME": str(home),
+        "SABRE_DATABASE_URL": database_url,
         "SABRE_REDIS_URL": redis_url,
-        "SABRE_DATA_DIR": str(tmp_path / "data"),
+        "SABRE_DATA_DIR": str(home / "data"),
         "OPENAI_BASE_URL": llm.base_url,
         "OPENAI_API_KEY": "sk-test",
         "SABRE_LLM_API": "chat",
@@ -90,12 +84,33 @@ async def two_servers(
         # delayed on a loaded machine lets a live turn look dead (a watcher on B then ends early).
         "SABRE_LOCK_LEASE_SECONDS": "5",
     }
+
+
+@asynccontextmanager
+async def server_pair(
+    env: dict[str, str], logs: Path, processes: list[subprocess.Popen[bytes]] | None = None
+) -> AsyncIterator[tuple[str, str]]:
+    """Servers A and B, started together, once both are ready; their logs are
+    ``logs/server-a.log`` and ``logs/server-b.log``."""
     with (
-        _server(env, servers, log=tmp_path / "server-a.log") as a,
-        _server(env, servers, log=tmp_path / "server-b.log") as b,
+        _server(env, processes, log=logs / "server-a.log") as a,
+        _server(env, processes, log=logs / "server-b.log") as b,
     ):
         await asyncio.gather(_ready(a), _ready(b))
         yield a, b
+
+
+@pytest.fixture
+async def two_servers(
+    own_postgres_url: str,
+    redis_url: str,
+    llm: ScriptedLLM,
+    tmp_path: Path,
+    servers: list[subprocess.Popen[bytes]],
+) -> AsyncIterator[tuple[str, str]]:
+    env = server_env(database_url=own_postgres_url, redis_url=redis_url, llm=llm, home=tmp_path)
+    async with server_pair(env, tmp_path, servers) as pair:
+        yield pair
 
 
 @pytest.fixture

@@ -1,28 +1,55 @@
 """Live events over real HTTP between two ``sabre serve`` processes on PostgreSQL + Redis: a turn
-started on A is watched on B as it happens, and a watcher that disconnects resumes by seq."""
+started on A is watched on B as it happens, and a watcher that disconnects resumes by seq.
+
+The module's tests share the two servers (none of them needs fresh ones or stops one), their
+scripted model and their database."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import time
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import httpx
+import pytest
 import redis.asyncio as aioredis
 
 from app.llm.scripted import Reply, ScriptedLLM
-from tests.conversations.test_stateless import servers, two_servers  # noqa: F401 - fixtures
+from tests.conversations.test_stateless import server_env, server_pair
 from tests.events.test_turn_events import parse_sse
 
 
+@pytest.fixture(scope="module")
+def llm() -> Iterator[ScriptedLLM]:
+    """The scripted model of the module's servers; each test scripts the replies it needs."""
+    with ScriptedLLM() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The directory of the servers' home, data and logs (server-a.log, server-b.log)."""
+    return tmp_path_factory.mktemp("live-events")
+
+
+@pytest.fixture(scope="module")
+async def two_servers(
+    module_postgres_url: str, redis_url: str, llm: ScriptedLLM, logs: Path
+) -> AsyncIterator[tuple[str, str]]:
+    env = server_env(database_url=module_postgres_url, redis_url=redis_url, llm=llm, home=logs)
+    async with server_pair(env, logs) as pair:
+        yield pair
+
+
 async def test_a_turn_on_a_is_watched_live_on_b_and_resumed_after_a_disconnect(
-    two_servers: tuple[str, str],  # noqa: F811
+    two_servers: tuple[str, str],
     llm: ScriptedLLM,
     redis_url: str,
-    tmp_path: Path,
+    logs: Path,
 ) -> None:
     a, b = two_servers
     llm.script(Reply(text="word " * 60, chunk_delay=0.03))
@@ -59,10 +86,10 @@ async def test_a_turn_on_a_is_watched_live_on_b_and_resumed_after_a_disconnect(
                 lock = (await client.get(key), await client.pttl(key))
             finally:
                 await client.aclose()
-            logs = [
+            log_lines = [
                 line
                 for name in ("server-a.log", "server-b.log")
-                for line in (tmp_path / name).read_text(errors="replace").splitlines()
+                for line in (logs / name).read_text(errors="replace").splitlines()
                 if conv in line or turn["turn_id"] in line or "error" in line.lower()
             ]
             raise AssertionError(
@@ -74,7 +101,7 @@ async def test_a_turn_on_a_is_watched_live_on_b_and_resumed_after_a_disconnect(
                 f"turn now: {state.get('status')} {state.get('error')}; lock (holder, pttl ms): {lock}; "
                 # Seen in CI: the turn ran 20 s after its POST and found the one reply taken already.
                 f"the model was asked {len(llm.requests)}x: {[r.last_user_text[:20] for r in llm.requests]}; "
-                "logs:\n" + "\n".join(logs)
+                "logs:\n" + "\n".join(log_lines)
             )
         assert rest[0]["id"] == str(int(last_id) + 1)
         assert rest[-1]["event"] == "turn.completed"
@@ -86,8 +113,8 @@ async def test_a_turn_on_a_is_watched_live_on_b_and_resumed_after_a_disconnect(
 
 
 async def test_open_followers_hold_no_database_connection(
-    two_servers: tuple[str, str],  # noqa: F811
-    own_postgres_url: str,
+    two_servers: tuple[str, str],
+    module_postgres_url: str,
     llm: ScriptedLLM,
 ) -> None:
     """An SSE follower holds nothing of the store while it waits (the request's transaction ended
@@ -107,7 +134,7 @@ async def test_open_followers_hold_no_database_connection(
             state = await http.get(f"{b}/v1/conversations/{conv}")
             assert state.status_code == 200, state.text
             assert time.monotonic() - started < 2
-            dsn = own_postgres_url.replace("postgresql+asyncpg://", "postgresql://")
+            dsn = module_postgres_url.replace("postgresql+asyncpg://", "postgresql://")
             admin = await asyncpg.connect(dsn)
             try:
                 idle = await admin.fetchval(
