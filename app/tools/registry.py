@@ -80,6 +80,10 @@ def make_tool(
     runs: Runner = "service" if handler is not None else "sandbox" if sandbox is not None else "caller"
     if not name.isidentifier() or keyword.iskeyword(name):
         raise ToolDefinitionError(f"tool {name!r}: the name must be a valid Python identifier")
+    if name.startswith("__"):
+        # The runtime refuses such names in a block's namespace (``__builtins__``, ``__name__``…):
+        # accepted here, every block of the conversation failed as an internal error.
+        raise ToolDefinitionError(f"tool {name!r}: names starting with '__' are the runtime's")
     if name in set(reserved):
         raise ToolDefinitionError(f"tool {name!r}: the name is taken by a built-in helper")
     schema = dict(parameters) if parameters is not None else {"type": "object", "properties": {}}
