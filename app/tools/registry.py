@@ -95,6 +95,10 @@ def make_tool(
         raise ToolDefinitionError(f"tool {name!r}: parameters must be a JSON Schema of type 'object'")
     if not isinstance(schema.get("properties", {}), dict):
         raise ToolDefinitionError(f"tool {name!r}: parameters.properties must be an object")
+    if "" in schema.get("properties", {}):
+        # Positional arguments map onto the names; the runtime refuses an empty one (every block
+        # of the conversation failed as an internal error).
+        raise ToolDefinitionError(f"tool {name!r}: parameters.properties: a parameter name cannot be empty")
     return Tool(
         name=name,
         description=description,

@@ -45,3 +45,21 @@ async def test_a_tool_named_like_a_builtin_shadows_it_in_blocks_only(
     nxt = await client.post(f"/v1/conversations/{turn['conversation_id']}/messages", json={"input": "again"})
     assert nxt.json()["status"] == "completed", nxt.text
     assert "42" in llm.requests[3].all_text
+
+
+async def test_a_tool_parameter_with_an_empty_name_is_422(
+    client: httpx.AsyncClient, llm: ScriptedLLM
+) -> None:
+    # The same class of crash: the runtime refuses an empty parameter name for an external tool, so
+    # every block of a conversation declaring one failed as an internal_error.
+    parameters = {"type": "object", "properties": {"": {"type": "string"}}}
+    tool = {"type": "function", "name": "look", "parameters": parameters}
+    llm.script("<helpers>\nprint(6 * 7)\n</helpers>", "done")
+    created = await client.post("/v1/conversations", json={"input": "hi", "tools": [tool]})
+    assert created.status_code == 422, created.text
+    assert "cannot be empty" in created.json()["detail"]
+    odd = {"type": "object", "properties": {"a b": {"type": "string"}, "class": {}, "é": {}}}
+    fine = await client.post(
+        "/v1/conversations", json={"input": "hi", "tools": [{**tool, "parameters": odd}]}
+    )
+    assert fine.json()["status"] == "completed", fine.text
