@@ -61,6 +61,8 @@ class Settings(BaseSettings):
     llm_timeout_seconds: float = 120.0
     llm_max_retries: int = 3
     llm_retry_base_delay: float = 0.5
+    # One reply's text, at most (a model server that never stops must not fill the server's memory).
+    llm_max_reply_chars: int = Field(default=1_000_000, gt=0, le=100_000_000)
 
     api_keys: str = ""
     host: str = "127.0.0.1"

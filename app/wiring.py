@@ -170,6 +170,7 @@ async def open_resources(settings: Settings, *, role: Role = "api") -> AsyncIter
             timeout=settings.llm_timeout_seconds,
             max_retries=settings.llm_max_retries,
             retry_base_delay=settings.llm_retry_base_delay,
+            max_reply_chars=settings.llm_max_reply_chars,
         )
         stack.push_async_callback(llm.aclose)
 

@@ -59,9 +59,13 @@ class TextCollector:
     including it is kept and forwarded, so the deltas always concatenate to the final text.
     """
 
-    def __init__(self, *, on_delta: DeltaCallback | None, stop_at_helpers: bool) -> None:
+    def __init__(
+        self, *, on_delta: DeltaCallback | None, stop_at_helpers: bool, max_chars: int = 1_000_000
+    ) -> None:
         self._on_delta = on_delta
         self._stop_at_helpers = stop_at_helpers
+        self._max_chars = max_chars
+        self._chars = 0
         self._parts: list[str] = []
         self._tail = ""
         self._held = ""  # the first half of a surrogate pair, until the next chunk
@@ -116,6 +120,15 @@ class TextCollector:
         self.received = True
         if not chunk:
             return
+        self._chars += len(chunk)
+        if self._chars > self._max_chars:
+            # Before the text is kept or forwarded: what was sent so far stays whole.
+            raise LLMError(
+                "llm_bad_response",
+                f"The LLM server sent a reply of more than {self._max_chars} characters "
+                "(SABRE_LLM_MAX_REPLY_CHARS); it was cut off there.",
+                retryable=False,
+            )
         self._parts.append(chunk)
         if self._on_delta is not None:
             await self._on_delta(chunk)
@@ -151,9 +164,11 @@ class OpenAICompatibleClient(ABC):
         max_retries: int = 3,
         retry_base_delay: float = 0.5,
         retry_max_delay: float = 30.0,
+        max_reply_chars: int = 1_000_000,
     ) -> None:
         if max_retries < 0:
             raise ValueError("max_retries must be >= 0")
+        self._max_reply_chars = max_reply_chars
         self._api_key = api_key or PLACEHOLDER_API_KEY
         self._max_retries = max_retries
         self._retry_base_delay = retry_base_delay
@@ -191,7 +206,9 @@ class OpenAICompatibleClient(ABC):
         """
         attempt = 0
         while True:
-            collector = TextCollector(on_delta=on_delta, stop_at_helpers=stop_at_helpers)
+            collector = TextCollector(
+                on_delta=on_delta, stop_at_helpers=stop_at_helpers, max_chars=self._max_reply_chars
+            )
             outcome = StreamOutcome()
             try:
                 await self._stream_once(

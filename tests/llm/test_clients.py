@@ -524,3 +524,32 @@ async def test_a_surrogate_pair_split_across_two_chunks_is_one_character() -> No
     assert collector.text == "smile \U0001f600!\ufffd\ufffdxend \ufffd"
     assert "".join(deltas) == collector.text
     collector.text.encode()
+
+
+async def test_a_reply_past_the_cap_is_cut_there_and_not_retried(scripted: ScriptedLLM, api: LLMApi) -> None:
+    """A model server that never stops (hostile, or looping) must not fill the server's memory:
+    past ``max_reply_chars`` the stream is closed and the completion fails, keeping nothing of the
+    chunk that went over; what was forwarded before stays whole."""
+    client = make_llm_client(api=api, base_url=scripted.base_url, api_key=None, max_reply_chars=100)
+    scripted.script(Reply(text="x" * 10_000, chunk_size=30), "unused")
+    deltas = Deltas()
+    try:
+        with pytest.raises(LLMError) as caught:
+            await client.complete(model="m", instructions="", messages=HI, on_delta=deltas)
+    finally:
+        await client.aclose()
+    assert caught.value.code == "llm_bad_response"
+    assert caught.value.retryable is False
+    assert "100 characters" in caught.value.message
+    assert deltas.chunks == ["x" * 30] * 3
+    assert len(scripted.requests) == 1
+
+
+async def test_a_reply_at_the_cap_is_whole(scripted: ScriptedLLM, api: LLMApi) -> None:
+    capped = make_llm_client(api=api, base_url=scripted.base_url, api_key=None, max_reply_chars=100)
+    scripted.script(Reply(text="y" * 100, chunk_size=30))
+    try:
+        response = await capped.complete(model="m", instructions="", messages=HI)
+    finally:
+        await capped.aclose()
+    assert response.text == "y" * 100
