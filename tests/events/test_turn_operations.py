@@ -199,6 +199,7 @@ async def deployment(
         "OPENAI_API_KEY": "sk-test",
         "SABRE_LLM_API": "chat",
         "SABRE_LLM_MAX_RETRIES": "0",
+        "SABRE_LLM_MAX_REPLY_CHARS": str(4 * len(BIG)),  # test 4 streams a 3,000,000-character answer
         "SABRE_MODEL": "scripted-model",
         "SABRE_RUNTIME_WORKERS": "1",
         "SABRE_RUNTIME_PRELOAD": "",
