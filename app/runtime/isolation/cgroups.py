@@ -13,7 +13,6 @@ when a pool starts. Standard library only.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import errno
 import functools
@@ -384,6 +383,10 @@ def _kill_members(cgroup: Path) -> None:
 async def _removed(attempt: Callable[[], bool]) -> bool:
     """Call ``attempt`` (whether it is done) until it is, for a few seconds at most; in a thread:
     reclaiming what is charged to a cgroup (``WorkerCgroup._uncharge``) may write back pages."""
+    # Here, not at the top: sandbox workers import this module (through ``cgroup_meter``) and load
+    # no asyncio (with ssl, logging, concurrent.futures: a sixth of their heap and start-up).
+    import asyncio
+
     deadline = time.monotonic() + _REMOVE_SECONDS
     while True:
         if await asyncio.to_thread(attempt):
