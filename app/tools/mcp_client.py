@@ -164,8 +164,14 @@ class McpConnection:
         """The SDK transport for this server's configuration (entered by the owner task)."""
         config = self._config
         if isinstance(config, StdioServerConfig):
+            # "replace": with the SDK's default ("strict") the first byte that is not UTF-8 killed its
+            # stdout reader while the session looked alive, and every later call timed out.
             params = StdioServerParameters(
-                command=config.command, args=list(config.args), env=dict(config.env), cwd=config.cwd
+                command=config.command,
+                args=list(config.args),
+                env=dict(config.env),
+                cwd=config.cwd,
+                encoding_error_handler="replace",
             )
             return stdio_client(params)
         return _http_transport(config, request_seconds=self._timeout, on_session_expired=self._expire)
