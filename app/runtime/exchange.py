@@ -134,6 +134,9 @@ class Exchange:
         self._calls = 0
         self._records = 0
         self._record_bytes = 0
+        # What the answers to its calls weigh: they stay in ``_new`` (the journal a pause stores) for
+        # the whole block, so a loop over a service tool with large results held them all here.
+        self._answer_bytes = 0
 
     @property
     def journal(self) -> list[JournalEntry]:
@@ -274,6 +277,20 @@ class Exchange:
                 error_message=f"{call.name} returned a value that is not JSON: {exc}",
             )
             data = encode_reply(reply)
+        if reply.kind in ("value", "error"):
+            self._answer_bytes += len(data)
+            if self._answer_bytes > MAX_JOURNAL_BYTES:
+                self._answer_bytes -= len(data)
+                reply = CallReply(
+                    kind="error",
+                    error_type="ToolError",
+                    error_message=(
+                        f"{call.name}: the answers to this block's calls passed {MAX_JOURNAL_BYTES} bytes; "
+                        "work on smaller pieces, or over several blocks"
+                    ),
+                )
+                data = encode_reply(reply)
+                self._answer_bytes += len(data)
         if reply.kind == "suspend" and not last:
             self._deferred.append(call)  # it waits with the rest of its batch
             data = encode_reply(CallReply(kind="deferred"))
