@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-TOOLS = ["ok", "bad_utf8", "flood", "huge_text", "endless_line"]
+TOOLS = ["ok", "bad_utf8", "flood"]
 out = sys.stdout.buffer
 
 
@@ -32,12 +32,6 @@ def call(request_id: int, name: str, n: int) -> None:
             log = {"level": "info", "data": "z" * 100}
             send({"jsonrpc": "2.0", "method": "notifications/message", "params": log})
         text(request_id, "after the flood")
-    elif name == "huge_text":
-        text(request_id, "x" * n)
-    elif name == "endless_line":  # a line that never ends
-        chunk = b"y" * 65536
-        while True:
-            out.write(chunk)
 
 
 def main() -> None:
