@@ -18,7 +18,7 @@ import pytest
 import pytest_asyncio
 
 from app.runtime import RuntimePool
-from tests.runtime.support import BACKENDS, bwrap_unavailable
+from tests.runtime.support import BACKENDS, bwrap_unavailable, started_pool
 
 # Set in the server's environment while the pool runs: the sandbox must never see them.
 SECRETS = {"OPENAI_API_KEY": "sk-test-secret", "SABRE_DATABASE_URL": "postgresql://secret"}
@@ -63,7 +63,5 @@ async def pool(request: pytest.FixtureRequest, workspaces: Path) -> AsyncIterato
 async def replaying_pool(request: pytest.FixtureRequest, workspaces: Path) -> AsyncIterator[RuntimePool]:
     """A two-worker pool without live processes (no preloads): every block starts in a fresh
     fork from its snapshot, and a resume replays the block from its journal."""
-    if request.param == "bwrap" and (why := await bwrap_unavailable(workspaces)) is not None:
-        pytest.skip(f"bubblewrap cannot run here: {why}")
-    async with RuntimePool(size=2, preload=(), sandbox=request.param, workspaces=workspaces) as started:
+    async with started_pool(request.param, workspaces, size=2) as started:
         yield started

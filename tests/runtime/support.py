@@ -8,7 +8,8 @@ import json
 import os
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import pytest
 
 from app.runtime import BlockOutcome, CallReply, HelperCall, JournalEntry, Limits, RuntimePool, SandboxTool
 from app.runtime.backend import bwrap_problem
-from app.runtime.isolation import find_bwrap
+from app.runtime.isolation import Backend, find_bwrap
 from app.runtime.worker_process import WorkerProcess
 
 
@@ -94,6 +95,16 @@ async def bwrap_unavailable(workspaces: Path) -> str | None:
             else:
                 _bwrap_problems[workspaces] = None
     return _bwrap_problems[workspaces]
+
+
+@asynccontextmanager
+async def started_pool(backend: Backend, workspaces: Path, **options: Any) -> AsyncIterator[RuntimePool]:
+    """A started pool on ``backend`` without preloads (quick to start), closed after; the test
+    skips where bubblewrap cannot run."""
+    if backend == "bwrap" and (why := await bwrap_unavailable(workspaces)) is not None:
+        pytest.skip(f"bubblewrap cannot run here: {why}")
+    async with RuntimePool(preload=(), sandbox=backend, workspaces=workspaces, **options) as pool:
+        yield pool
 
 
 async def assert_pool_works(pool: RuntimePool, workdir: Path) -> None:

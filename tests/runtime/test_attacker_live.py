@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -17,7 +16,8 @@ import pytest
 import pytest_asyncio
 
 from app.runtime import RuntimePool
-from tests.runtime.support import BACKENDS, bwrap_unavailable, host_processes_with, run
+from tests.runtime.support import BACKENDS, host_processes_with, run, started_pool
+from tests.runtime.test_live import conversation
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -25,16 +25,8 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 @pytest_asyncio.fixture(loop_scope="module", scope="module", params=BACKENDS)
 async def short(request: pytest.FixtureRequest, workspaces: Path) -> AsyncIterator[RuntimePool]:
     """Two workers, no preloads; a live process is released 0.8 s after its block."""
-    if request.param == "bwrap" and (why := await bwrap_unavailable(workspaces)) is not None:
-        pytest.skip(f"bubblewrap cannot run here: {why}")
-    async with RuntimePool(
-        size=2, preload=(), sandbox=request.param, workspaces=workspaces, live_seconds=0.8
-    ) as pool:
+    async with started_pool(request.param, workspaces, size=2, live_seconds=0.8) as pool:
         yield pool
-
-
-def _conversation(workspaces: Path) -> Path:
-    return Path(tempfile.mkdtemp(prefix="atk-live-", dir=workspaces))
 
 
 # The block leaves a process running and handles SIGCHLD: the worker's end-of-block sweep kills
@@ -63,7 +55,7 @@ async def test_a_daemon_started_between_blocks_dies_with_the_released_process(
     short: RuntimePool, workspaces: Path
 ) -> None:
     marker = f"atl{os.urandom(5).hex()}"
-    attacker, victim = _conversation(workspaces), _conversation(workspaces)
+    attacker, victim = conversation(workspaces), conversation(workspaces)
     beat = attacker / "beat.txt"
     try:
         first = await run(

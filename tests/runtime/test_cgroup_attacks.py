@@ -21,7 +21,7 @@ import pytest_asyncio
 from app.runtime import Limits, RuntimePool
 from app.runtime.isolation import cgroups as cgroups_module
 from app.runtime.isolation import open_cgroups
-from tests.runtime.support import BACKENDS, bwrap_unavailable, run
+from tests.runtime.support import BACKENDS, run, started_pool
 from tests.runtime.test_cgroups import needs_cgroups
 
 in_package_loop = pytest.mark.asyncio(loop_scope="package")
@@ -32,9 +32,7 @@ _IPC_RMID = 0
 @pytest_asyncio.fixture(loop_scope="package", params=BACKENDS)
 async def one_worker(request: pytest.FixtureRequest, workspaces: Path) -> AsyncIterator[RuntimePool]:
     """A pool of one worker (no preloads): consecutive blocks run in the same worker's cgroup."""
-    if request.param == "bwrap" and (why := await bwrap_unavailable(workspaces)) is not None:
-        pytest.skip(f"bubblewrap cannot run here: {why}")
-    async with RuntimePool(size=1, preload=(), sandbox=request.param, workspaces=workspaces) as started:
+    async with started_pool(request.param, workspaces, size=1) as started:
         yield started
 
 

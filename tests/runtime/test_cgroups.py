@@ -23,7 +23,7 @@ import structlog
 
 from app.runtime import BlockOutcome, Limits, RuntimePool
 from app.runtime.isolation import Cgroups, CgroupsUnavailable, WorkerCgroup, open_cgroups
-from tests.runtime.support import BACKENDS, assert_pool_works, bwrap_unavailable, run
+from tests.runtime.support import BACKENDS, assert_pool_works, bwrap_unavailable, run, started_pool
 
 in_package_loop = pytest.mark.asyncio(loop_scope="package")
 
@@ -48,9 +48,7 @@ needs_cgroups = pytest.mark.skipif(_PROBLEM is not None, reason=f"no cgroups her
 @pytest_asyncio.fixture(loop_scope="package", params=BACKENDS)
 async def fresh_pool(request: pytest.FixtureRequest, workspaces: Path) -> AsyncIterator[RuntimePool]:
     """A two-worker pool of its own (no preloads), with a cgroup per worker."""
-    if request.param == "bwrap" and (why := await bwrap_unavailable(workspaces)) is not None:
-        pytest.skip(f"bubblewrap cannot run here: {why}")
-    async with RuntimePool(size=2, preload=(), sandbox=request.param, workspaces=workspaces) as started:
+    async with started_pool(request.param, workspaces, size=2) as started:
         yield started
 
 

@@ -33,6 +33,7 @@ from tests.runtime.support import (
     bwrap_unavailable,
     host_processes_with,
     run,
+    started_pool,
     wait_until_gone,
 )
 
@@ -45,9 +46,7 @@ _PROJECT_ROOT = Path(__file__).resolve().parents[2]
 @pytest_asyncio.fixture(scope="module", loop_scope="package", params=BACKENDS)
 async def solo(request: pytest.FixtureRequest, workspaces: Path) -> AsyncIterator[RuntimePool]:
     """A one-worker pool (no preload: these tests do not need the libraries)."""
-    if request.param == "bwrap" and (why := await bwrap_unavailable(workspaces)) is not None:
-        pytest.skip(f"bubblewrap cannot run here: {why}")
-    async with RuntimePool(size=1, preload=(), sandbox=request.param, workspaces=workspaces) as pool:
+    async with started_pool(request.param, workspaces, size=1) as pool:
         yield pool
 
 

@@ -15,7 +15,7 @@ import pytest
 import pytest_asyncio
 
 from app.runtime import CallReply, Limits, RuntimePool
-from tests.runtime.support import BACKENDS, Recorder, bwrap_unavailable, run
+from tests.runtime.support import BACKENDS, Recorder, run, started_pool
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -32,11 +32,7 @@ HOST_PID = "import os\nresult(os.getpid())\n"
 @pytest_asyncio.fixture(loop_scope="module", scope="module", params=BACKENDS)
 async def live(request: pytest.FixtureRequest, workspaces: Path) -> AsyncIterator[RuntimePool]:
     """Three workers (two processes may stay bound), no preloads: quick to start."""
-    if request.param == "bwrap" and (why := await bwrap_unavailable(workspaces)) is not None:
-        pytest.skip(f"bubblewrap cannot run here: {why}")
-    async with RuntimePool(
-        size=3, preload=(), sandbox=request.param, workspaces=workspaces, live_seconds=30.0
-    ) as pool:
+    async with started_pool(request.param, workspaces, size=3, live_seconds=30.0) as pool:
         yield pool
 
 
@@ -256,16 +252,8 @@ HOLD = "import sys\nsys.sabre_held = b'x' * ({mb} << 20)\n"
 @pytest_asyncio.fixture(loop_scope="module", params=BACKENDS)
 async def budgeted(request: pytest.FixtureRequest, workspaces: Path) -> AsyncIterator[RuntimePool]:
     """Three workers; live processes may hold 100 MiB together beyond their fork."""
-    if request.param == "bwrap" and (why := await bwrap_unavailable(workspaces)) is not None:
-        pytest.skip(f"bubblewrap cannot run here: {why}")
-    async with RuntimePool(
-        size=3,
-        preload=(),
-        sandbox=request.param,
-        workspaces=workspaces,
-        live_seconds=30.0,
-        live_processes=4,
-        live_memory_mb=100,
+    async with started_pool(
+        request.param, workspaces, size=3, live_seconds=30.0, live_processes=4, live_memory_mb=100
     ) as pool:
         yield pool
 

@@ -14,7 +14,7 @@ import pytest_asyncio
 from app.runtime import CallReply, JournalEntry, RuntimePool
 from app.runtime.supervisor import WorkerSupervisor
 from app.runtime.worker_process import WorkerState
-from tests.runtime.support import BACKENDS, Recorder, bwrap_unavailable, run
+from tests.runtime.support import BACKENDS, Recorder, bwrap_unavailable, run, started_pool
 
 pytestmark = pytest.mark.asyncio(loop_scope="package")
 
@@ -34,11 +34,7 @@ CODE = (
 @pytest_asyncio.fixture(loop_scope="package", params=BACKENDS)
 async def parking(request: pytest.FixtureRequest, workspaces: Path) -> AsyncIterator[RuntimePool]:
     """A two-worker pool that parks paused blocks for 2 s (no preloads: quick to start)."""
-    if request.param == "bwrap" and (why := await bwrap_unavailable(workspaces)) is not None:
-        pytest.skip(f"bubblewrap cannot run here: {why}")
-    async with RuntimePool(
-        size=2, preload=(), sandbox=request.param, workspaces=workspaces, live_seconds=2.0
-    ) as pool:
+    async with started_pool(request.param, workspaces, size=2, live_seconds=2.0) as pool:
         yield pool
 
 
@@ -193,16 +189,8 @@ async def test_a_waiting_block_cancelled_leaves_the_others_waiting(workspaces: P
 @pytest_asyncio.fixture(loop_scope="package", params=BACKENDS)
 async def roomy(request: pytest.FixtureRequest, workspaces: Path) -> AsyncIterator[RuntimePool]:
     """One free worker, and room for two processes bound to conversations beside it."""
-    if request.param == "bwrap" and (why := await bwrap_unavailable(workspaces)) is not None:
-        pytest.skip(f"bubblewrap cannot run here: {why}")
-    async with RuntimePool(
-        size=1,
-        preload=(),
-        sandbox=request.param,
-        workspaces=workspaces,
-        live_seconds=30.0,
-        live_processes=2,
-        surplus_idle_seconds=0.3,
+    async with started_pool(
+        request.param, workspaces, size=1, live_seconds=30.0, live_processes=2, surplus_idle_seconds=0.3
     ) as pool:
         yield pool
 
