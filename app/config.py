@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.llm.base import DEFAULT_MAX_REPLY_CHARS
 from app.runtime.schemas import Limits
 
 
@@ -62,7 +63,7 @@ class Settings(BaseSettings):
     llm_max_retries: int = 3
     llm_retry_base_delay: float = 0.5
     # One reply's text, at most (a model server that never stops must not fill the server's memory).
-    llm_max_reply_chars: int = Field(default=1_000_000, gt=0, le=100_000_000)
+    llm_max_reply_chars: int = Field(default=DEFAULT_MAX_REPLY_CHARS, gt=0, le=100_000_000)
 
     api_keys: str = ""
     host: str = "127.0.0.1"

@@ -7,7 +7,7 @@ API (Responses or Chat Completions) sits behind it is configuration.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Literal, Protocol, Self
+from typing import Final, Literal, Protocol, Self
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -15,6 +15,9 @@ Role = Literal["system", "user", "assistant"]
 LLMErrorCode = Literal["llm_unavailable", "llm_rate_limited", "llm_bad_response", "llm_bad_request"]
 LLMApi = Literal["responses", "chat"]
 DeltaCallback = Callable[[str], Awaitable[None]]
+
+# One model reply's text, at most, unless configured (``SABRE_LLM_MAX_REPLY_CHARS``).
+DEFAULT_MAX_REPLY_CHARS: Final = 1_000_000
 
 HELPERS_OPEN = "<helpers>"
 HELPERS_CLOSE = "</helpers>"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.llm.base import LLMApi, LLMClient
+from app.llm.base import DEFAULT_MAX_REPLY_CHARS, LLMApi, LLMClient
 
 
 def make_llm_client(
@@ -13,7 +13,7 @@ def make_llm_client(
     timeout: float = 120,
     max_retries: int = 3,
     retry_base_delay: float = 0.5,
-    max_reply_chars: int = 1_000_000,
+    max_reply_chars: int = DEFAULT_MAX_REPLY_CHARS,
 ) -> LLMClient:
     """A streaming client for `api` at `base_url` (None: the SDK's default, api.openai.com).
 

@@ -22,6 +22,7 @@ import httpx
 import openai
 
 from app.llm.base import (
+    DEFAULT_MAX_REPLY_CHARS,
     HELPERS_CLOSE,
     DeltaCallback,
     LLMError,
@@ -60,7 +61,11 @@ class TextCollector:
     """
 
     def __init__(
-        self, *, on_delta: DeltaCallback | None, stop_at_helpers: bool, max_chars: int = 1_000_000
+        self,
+        *,
+        on_delta: DeltaCallback | None,
+        stop_at_helpers: bool,
+        max_chars: int = DEFAULT_MAX_REPLY_CHARS,
     ) -> None:
         self._on_delta = on_delta
         self._stop_at_helpers = stop_at_helpers
@@ -164,7 +169,7 @@ class OpenAICompatibleClient(ABC):
         max_retries: int = 3,
         retry_base_delay: float = 0.5,
         retry_max_delay: float = 30.0,
-        max_reply_chars: int = 1_000_000,
+        max_reply_chars: int = DEFAULT_MAX_REPLY_CHARS,
     ) -> None:
         if max_retries < 0:
             raise ValueError("max_retries must be >= 0")

@@ -278,9 +278,7 @@ class Exchange:
             )
             data = encode_reply(reply)
         if reply.kind in ("value", "error"):
-            self._answer_bytes += len(data)
-            if self._answer_bytes > MAX_JOURNAL_BYTES:
-                self._answer_bytes -= len(data)
+            if self._answer_bytes + len(data) > MAX_JOURNAL_BYTES:
                 reply = CallReply(
                     kind="error",
                     error_type="ToolError",
@@ -290,7 +288,7 @@ class Exchange:
                     ),
                 )
                 data = encode_reply(reply)
-                self._answer_bytes += len(data)
+            self._answer_bytes += len(data)
         if reply.kind == "suspend" and not last:
             self._deferred.append(call)  # it waits with the rest of its batch
             data = encode_reply(CallReply(kind="deferred"))

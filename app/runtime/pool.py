@@ -106,9 +106,7 @@ class RuntimePool:
             raise ValueError("a runtime pool needs at least one worker")
         if live_processes < 0 or live_memory_mb < 0:
             raise ValueError("live_processes and live_memory_mb cannot be negative")
-        self._size = size
         self._choice = BackendChoice(sandbox, workspaces=workspaces, fallback=fallback, bwrap=bwrap)
-        self._live_processes = live_processes
         self.bindings = Bindings(seconds=live_seconds, memory_kb=live_memory_mb * 1024, let_go=self._let_go)
         self.workers = WorkerSupervisor(
             self._choice,
@@ -377,18 +375,12 @@ class RuntimePool:
 
     def _may_bind(self) -> bool:
         """Whether a process may stay bound to its conversation after a block (or its pause)."""
-        return self.bindings.seconds > 0 and not self.workers.closed and self._bound_capacity() > 0
-
-    def _bound_capacity(self) -> int:
-        """How many processes may be bound at once: ``live_processes`` (forked as needed beside
-        the ``size`` free workers), or ``size - 1`` of the workers themselves without them, or
-        where a worker is not a cheap fork."""
-        return max(self._size - 1, self._live_processes if self.workers.cheap_workers else 0)
+        return self.bindings.seconds > 0 and not self.workers.closed and self.workers.bound_capacity > 0
 
     def _bind(self, workdir: Path, bound: Bound) -> None:
         """Keep ``bound`` for ``workdir``'s next block (``Bindings.keep``); its worker is bound,
         and one more is forked to keep ``size`` free."""
-        if self.bindings.keep(workdir, bound, capacity=self._bound_capacity()):
+        if self.bindings.keep(workdir, bound, capacity=self.workers.bound_capacity):
             self.workers.set_state(bound.worker, WorkerState.BOUND)
             self.workers.grow()
 

@@ -109,6 +109,13 @@ class WorkerSupervisor:
                 self._trimming = self.background(self._trim())
         self._wake()
 
+    @property
+    def bound_capacity(self) -> int:
+        """How many processes may be bound to conversations at once: ``live_processes`` (forked
+        as needed beside the ``size`` free workers), or ``size - 1`` of the workers themselves
+        without them, or where a worker is not a cheap fork."""
+        return max(self._size - 1, self._live_processes if self.cheap_workers else 0)
+
     def _free(self) -> int:
         """Workers free of conversations (running a block, idle, rearming, starting)."""
         return sum(1 for w in self.workers if w.state is not WorkerState.BOUND)
