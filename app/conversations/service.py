@@ -336,17 +336,21 @@ class ConversationService:
                     "(SABRE_MAX_TOOL_OUTPUT_BYTES)."
                 )
         by_id = {r.tool_call_id: r for r in body.results}
-        journal = list(paused.journal)
+        replies = {
+            call_id: CallReply(kind="error", error_type="ToolError", error_message=result.error)
+            if result.error is not None
+            else CallReply(kind="value", value=result.output)
+            for call_id, result in by_id.items()
+        }
+        journal, journaled = paused.answered(replies)
         parts: list[ToolResultPart] = []
         for pending in paused.pending:
-            result = by_id[pending.id]
-            reply = (
-                CallReply(kind="error", error_type="ToolError", error_message=result.error)
-                if result.error is not None
-                else CallReply(kind="value", value=result.output)
-            )
-            journal.append(pending.answered(reply))
-            parts.append(ToolResultPart(tool_call_id=pending.id, output=result.output, error=result.error))
+            result, reply = by_id[pending.id], journaled[pending.id]
+            if reply is replies[pending.id]:
+                part = ToolResultPart(tool_call_id=pending.id, output=result.output, error=result.error)
+            else:  # refused for the journal's size: the transcript says what the block got
+                part = ToolResultPart(tool_call_id=pending.id, error=reply.error_message)
+            parts.append(part)
         # The paused record stays stored until the turn's outcome replaces it (in _persist): a
         # server that dies during the resume leaves the conversation resumable, not wedged.
         return await self._run_turn(

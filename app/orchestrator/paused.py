@@ -6,12 +6,15 @@ the code, the replay journal of the calls it made, and the external calls waitin
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.runtime import CallReply, HelperCall, JournalEntry
+from app.runtime.protocol import MAX_JOURNAL_BYTES, journal_bytes
+from app.runtime.schemas import journal_full
 
 
 class PendingCall(BaseModel):
@@ -38,6 +41,28 @@ class PausedBlock(BaseModel):
     journal: list[JournalEntry] = Field(default_factory=list)
     pending: list[PendingCall]
     note: str | None = None
+
+    def answered(self, replies: Mapping[str, CallReply]) -> tuple[list[JournalEntry], dict[str, CallReply]]:
+        """The journal a resume replays: this one, then the reply to each pending call (``replies``,
+        by call id) in order; and the replies as journaled. A reply that would take the journal past
+        ``MAX_JOURNAL_BYTES`` is journaled as ``journal_full``'s ToolError instead, as the runtime
+        does for the answers within one run: the caller's results, however many resumes bring
+        them, never grow what every later resume stores, loads and replays beyond that."""
+        journal = list(self.journal)
+        used = journal_bytes([entry.to_wire() for entry in journal])
+        journaled: dict[str, CallReply] = {}
+        for pending in self.pending:
+            reply = replies[pending.id]
+            entry = pending.answered(reply)
+            size = journal_bytes([entry.to_wire()])
+            if used + size > MAX_JOURNAL_BYTES:
+                reply = journal_full(pending.call.name)
+                entry = pending.answered(reply)
+                size = journal_bytes([entry.to_wire()])
+            used += size
+            journal.append(entry)
+            journaled[pending.id] = reply
+        return journal, journaled
 
     def to_store(self) -> dict[str, Any]:
         """JSON for the conversation row."""

@@ -40,6 +40,7 @@ from app.runtime.protocol import (
     PNG_SIGNATURE,
     FrameError,
     encode_frame,
+    journal_bytes,
     limit_label,
     run_request,
 )
@@ -51,6 +52,7 @@ from app.runtime.schemas import (
     JournalEntry,
     Limits,
     SandboxTool,
+    journal_full,
 )
 from app.runtime.worker_process import WorkerGone, WorkerProcess
 
@@ -133,10 +135,10 @@ class Exchange:
         # What this run received, capped (the worker caps it too: the child is hostile).
         self._calls = 0
         self._records = 0
-        self._record_bytes = 0
         # What the answers to its calls weigh: they stay in ``_new`` (the journal a pause stores) for
         # the whole block, so a loop over a service tool with large results held them all here.
-        self._answer_bytes = 0
+        # Both start from the journal the block replays (``journal_bytes``), as in the child.
+        self._record_bytes = self._answer_bytes = journal_bytes([entry.to_wire() for entry in journal])
 
     @property
     def journal(self) -> list[JournalEntry]:
@@ -168,7 +170,9 @@ class Exchange:
             reply = CallReply(kind="value", value=answer.value)
         else:
             reply = CallReply(kind="error", error_type=answer.error_type, error_message=answer.error_message)
-        await self._send(encode_reply(reply))
+        data = encode_reply(reply)
+        self._answer_bytes += len(data)  # the service kept it within the cap (``journal_full``)
+        await self._send(data)
         return await self._serve()
 
     async def release(self) -> None:
@@ -279,14 +283,7 @@ class Exchange:
             data = encode_reply(reply)
         if reply.kind in ("value", "error"):
             if self._answer_bytes + len(data) > MAX_JOURNAL_BYTES:
-                reply = CallReply(
-                    kind="error",
-                    error_type="ToolError",
-                    error_message=(
-                        f"{call.name}: the answers to this block's calls passed {MAX_JOURNAL_BYTES} bytes; "
-                        "work on smaller pieces, or over several blocks"
-                    ),
-                )
+                reply = journal_full(call.name)
                 data = encode_reply(reply)
             self._answer_bytes += len(data)
         if reply.kind == "suspend" and not last:

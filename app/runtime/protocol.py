@@ -182,6 +182,17 @@ class FrameError(Exception):
     """A frame that is malformed, oversized or not what the protocol allows at this point."""
 
 
+def journal_bytes(journal: Sequence[WireEntry]) -> int:
+    """What a journal weighs against ``MAX_JOURNAL_BYTES``: its entries' JSON as the wire carries it.
+
+    A resumed block's run counts the journal it replays first, in the child, the worker and the
+    parent alike (one measure, so they agree): its new records, and the new answers to its calls,
+    may each add only what is left below the cap. So a block that paused and resumed many times
+    keeps a journal of at most twice the cap, where each run used to add up to the cap again.
+    """
+    return sum(len(_STRICT.encode(entry)) for entry in journal)
+
+
 def encode_frame(header: Mapping[str, Any], blob: bytes = b"") -> bytes:
     """Encode one frame: prefix, JSON header, blob (strict JSON: no NaN, ASCII-safe)."""
     data = _STRICT.encode(header).encode()

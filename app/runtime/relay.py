@@ -53,6 +53,7 @@ from app.runtime.protocol import (
     decode_header,
     decode_prefix,
     encode_frame,
+    journal_bytes,
     read_exact,
     read_frame_bytes,
     write_all,
@@ -351,7 +352,8 @@ class ChildLink:
             self._next_disk_start = None
             self._keep = request.get("keep") is True
             self._workdir = str(request["workdir"])
-            self._calls = self._records = self._record_bytes = 0
+            self._calls = self._records = 0
+            self._record_bytes = journal_bytes(request.get("journal") or [])  # the replay counts
             self._output = Output(int(limits["stdout_bytes"]))
             # SIGXCPU comes at the block's limit, RLIMIT_CPU's hard limit a second later; the
             # worker kills a block of a process that may stay live (whose hard limit spans its

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from app.runtime.protocol import CallRunner, Runner, WireEntry, WireLimits, call_digest
+from app.runtime.protocol import MAX_JOURNAL_BYTES, CallRunner, Runner, WireEntry, WireLimits, call_digest
 
 __all__ = ["CallRunner", "Runner"]
 # The words turns paused before the one vocabulary stored for ``HelperCall.runs``.
@@ -109,6 +109,19 @@ class CallReply(BaseModel):
     value: Any = None
     error_type: str | None = None
     error_message: str | None = None
+
+
+def journal_full(name: str) -> CallReply:
+    """What a call gets in place of its answer once the answers in its block's journal reach
+    ``MAX_JOURNAL_BYTES`` (``protocol.journal_bytes``): the code can catch it and go on with less."""
+    return CallReply(
+        kind="error",
+        error_type="ToolError",
+        error_message=(
+            f"{name}: the answers to this block's calls passed {MAX_JOURNAL_BYTES} bytes; "
+            "work on smaller pieces, or over several blocks"
+        ),
+    )
 
 
 class JournalEntry(BaseModel):

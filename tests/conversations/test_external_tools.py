@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from app.llm.scripted import Reply, ScriptedLLM
+from app.runtime.protocol import MAX_JOURNAL_BYTES
 from tests.conftest import AppFactory
 from tests.conversations.test_bad_input import assert_problem
 
@@ -450,3 +451,35 @@ async def test_parallel_calls_pause_once_and_take_results_in_any_order(
     messages = (await client.get(f"/v1/conversations/{turn['conversation_id']}/messages")).json()["data"]
     kinds = [[p["kind"] for p in m["parts"]] for m in messages]
     assert kinds[2:4] == [["tool_call"] * 3, ["tool_result"] * 3]
+
+
+# The cap is the runtime's, not the store's: one store is enough for 40 MB of results.
+@pytest.mark.parametrize("store", ["postgres"], indirect=True)
+async def test_results_past_the_journal_cap_reach_the_block_as_tool_errors(
+    make_client: AppFactory, llm: ScriptedLLM
+) -> None:
+    """The caller's results stay in the paused block's journal, which every later resume stores,
+    loads and replays: past MAX_JOURNAL_BYTES in all (across resumes, not per request) a result is
+    journaled as a ToolError the block can catch, and the transcript says so; the turn goes on."""
+    code = (
+        "first = get_order_details('1')\n"
+        "try:\n    second = get_order_details('2')\nexcept ToolError as exc:\n    second = str(exc)\n"
+        "print(len(first), second[:90])"
+    )
+    llm.script(block(code), "Done.")
+    big = MAX_JOURNAL_BYTES * 5 // 8
+    async with make_client(max_tool_output_bytes=big + 100, max_body_bytes=big + 1000) as client:
+        turn = await start(client, "")
+        second = await resume(client, turn, output="x" * big)
+        assert second.status_code == 200, second.text
+        assert second.json()["status"] == "awaiting_tool_results"
+        done = await resume(client, second.json(), output="y" * big)
+        assert done.status_code == 200, done.text
+        assert done.json()["status"] == "completed"
+        conversation = turn["conversation_id"]
+        messages = (await client.get(f"/v1/conversations/{conversation}/messages")).json()["data"]
+    refusal = f"get_order_details: the answers to this block's calls passed {MAX_JOURNAL_BYTES} bytes"
+    assert f"<helpers_result>\n{big} {refusal}"[:120] in llm.requests[1].all_text
+    results = [p for m in messages for p in m["parts"] if p["kind"] == "tool_result"]
+    assert [len(p["output"] or "") for p in results] == [big, 0]
+    assert results[1]["error"].startswith(refusal)

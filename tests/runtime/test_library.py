@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from app.runtime import CallReply, HelperCall, JournalEntry, Limits, RuntimePool
-from app.runtime.protocol import PNG_SIGNATURE
+from app.runtime.protocol import MAX_JOURNAL_BYTES, PNG_SIGNATURE
 from tests.runtime.support import Recorder, run
 
 pytestmark = pytest.mark.asyncio(loop_scope="package")
@@ -385,3 +385,33 @@ async def test_a_frame_saved_under_its_old_module_still_loads() -> None:
     loaded = pickle.loads(old)
     assert type(loaded) is dataframes.BoundFrame
     assert loaded["a"].tolist() == [1, 2]
+
+
+async def test_a_replayed_journal_leaves_the_rest_of_the_cap_to_records(
+    pool: RuntimePool, tmp_path: Path
+) -> None:
+    """The child counts the journal it replays before the block's own records: a block resumed many
+    times used to add up to MAX_JOURNAL_BYTES of records in every run. Past what is left, a
+    sandbox helper raises in the code (the worker and the server count the same way)."""
+    code = (
+        "first = find_user('a')\n"
+        "FS.write_file('data.txt', 'y' * 200_000)\n"
+        "try:\n    FS.read_file('data.txt')\nexcept Exception as exc:\n    print(type(exc).__name__, exc)\n"
+        "print(len(first))"
+    )
+    tools = {"find_user": ["name"]}
+    paused = await run(pool, code, workdir=tmp_path, tools=tools, on_call=Recorder(suspend_external))
+    assert paused.status == "suspended" and paused.pending is not None
+    answer = CallReply(kind="value", value="x" * (MAX_JOURNAL_BYTES - 150_000))
+    journal = [JournalEntry.for_call(paused.pending, answer)]
+    # Replayed by a fresh process (the paused one waits, bound to ``tmp_path``).
+    (tmp_path / "replay").mkdir()
+    resumed = await run(
+        pool, code, workdir=tmp_path / "replay", tools=tools, journal=journal, on_call=suspend_external
+    )
+    assert resumed.process == "fresh"
+    assert resumed.status == "ok", resumed.error
+    assert "ValueError this block's journal is full" in resumed.stdout
+    assert resumed.stdout.endswith(f"{MAX_JOURNAL_BYTES - 150_000}\n")
+    assert [entry.name for entry in resumed.journal] == ["find_user", "FS.write_file", "FS.read_file"]
+    assert resumed.journal[2].error_type == "ValueError"

@@ -42,6 +42,7 @@ from app.runtime.protocol import (
     call_digest,
     decode_header,
     encode_frame,
+    journal_bytes,
     limit_label,
     read_frame,
     to_json,
@@ -110,9 +111,9 @@ class Block:
         self._out = channel_out
         # Record frames sent, and their bytes: the worker and the parent cap them too.
         self._records = 0
-        self._recorded_bytes = 0
         self._dry = dry
         self._journal: Sequence[WireEntry] = request["journal"]
+        self._recorded_bytes = journal_bytes(self._journal)  # what is left is this run's
         self._reserve = reserve
         self._stopping = False
         self._call_lock = threading.Lock()
