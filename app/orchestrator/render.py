@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 from app.llm.base import LLMMessage
 from app.orchestrator.messages import Role
 from app.runtime import BlockOutcome
+
+# The result's own tags, however written: text inside a result (a block's output, a web page, a
+# caller's tool result) must not close it early and go on as if the transcript said something else.
+_RESULT_TAG: Final = re.compile(r"<(?=\s*/?\s*helpers_result)", re.IGNORECASE)
+
+
+def fence_result(body: str) -> str:
+    """``body`` with every ``<helpers_result>`` or ``</helpers_result>`` in it written ``&lt;...``,
+    so that what a block printed or a tool returned cannot end its ``<helpers_result>`` early and
+    pass what follows to the model as the transcript's own text (a prompt injection)."""
+    return _RESULT_TAG.sub("&lt;", body)
 
 
 def render_helpers_result(
@@ -51,7 +63,8 @@ def to_llm_messages(
     images: Mapping[int, Sequence[str]] | None = None,
     max_result_chars: int | None = None,
 ) -> list[LLMMessage]:
-    """The transcript as the model sees it: blocks re-wrapped in their tags, results in theirs.
+    """The transcript as the model sees it: blocks re-wrapped in their tags, results in theirs
+    (fenced: ``fence_result``; the store keeps them as they were).
 
     ``after`` is an already rendered prefix (the history) that the new messages continue;
     ``images`` maps a message's index in ``transcript`` to image URLs to attach to it;
@@ -69,7 +82,7 @@ def to_llm_messages(
             elif kind == "helpers":
                 chunks.append(f"<helpers>\n{part['code']}\n</helpers>")
             elif kind == "helpers_result":
-                chunks.append(f"<helpers_result>\n{part['text']}\n</helpers_result>")
+                chunks.append(f"<helpers_result>\n{fence_result(part['text'])}\n</helpers_result>")
             # The code's own tool_call and tool_result parts reach the model through the block's
             # result; a seeded history's are shown as a block of calls and their results.
         seeded = [part for part in parts if part.get("seeded")]
@@ -78,7 +91,9 @@ def to_llm_messages(
                 seeded_calls[part["id"]] = part.get("code") or part["name"]
             chunks.append("<helpers>\n" + "\n".join(seeded_calls[p["id"]] for p in seeded) + "\n</helpers>")
         elif seeded:
-            body = "\n".join(_seeded_result(p, seeded_calls.get(p["tool_call_id"], "?")) for p in seeded)
+            body = fence_result(
+                "\n".join(_seeded_result(p, seeded_calls.get(p["tool_call_id"], "?")) for p in seeded)
+            )
             if max_result_chars is not None and len(body) > max_result_chars:
                 body = (
                     body[:max_result_chars] + f"\n[... {len(body) - max_result_chars} characters truncated]"
