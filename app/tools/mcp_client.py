@@ -14,13 +14,14 @@ from typing import Any, TypeVar
 import httpx2
 import mcp.types as mcp_types
 import structlog
-from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp import ClientSession, StdioServerParameters
 from mcp.client.streamable_http import MCP_SESSION_ID, streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
 
 from app.helpers import HelperError
 from app.tools.mcp import HttpServerConfig, StdioServerConfig
+from app.tools.mcp_stdio import LineTooLong, stdio_client
 
 log = structlog.get_logger(__name__)
 
@@ -38,10 +39,13 @@ class SessionGone(Exception):
 
 
 class _WatchedDispatcher(JSONRPCDispatcher[Any]):
-    """The SDK's JSON-RPC dispatcher, telling us when its receive loop ends.
+    """The SDK's JSON-RPC dispatcher, telling us when its receive loop ends, and why.
 
     The loop ends when the connection does (the stdio server exited, the HTTP transport failed): the
     session is then dead, and the next call must reconnect rather than fail with "Connection closed".
+    When our stdio transport ends a session itself (``LineTooLong``), it puts the reason on the read
+    stream just before the end; the dispatcher hands it to ``on_fault`` before it wakes any request with
+    "Connection closed", so the requests can tell their callers why.
     """
 
     def __init__(
@@ -50,9 +54,19 @@ class _WatchedDispatcher(JSONRPCDispatcher[Any]):
         write_stream: Any,
         *,
         on_end: Callable[[], None],
+        on_fault: Callable[[Exception], None],
     ) -> None:
         super().__init__(read_stream, write_stream)
         self._on_end = on_end
+        self._on_fault = on_fault
+        # Set here, so ClientSession keeps its own observer off (it would forward the exceptions to a
+        # message handler we do not have, in a task of their own: too late for the waiting requests).
+        self.on_stream_exception = self._observe
+
+    async def _observe(self, exc: Exception) -> None:
+        # Other exceptions (a line that is not JSON-RPC) cost that line only; the transport logged them.
+        if isinstance(exc, LineTooLong):
+            self._on_fault(exc)
 
     async def run(self, *args: Any, **kwargs: Any) -> None:
         try:
@@ -80,6 +94,8 @@ class McpConnection:
         self._session: ClientSession | None = None
         # Set when an HTTP server answered 404 to our session id: it no longer knows the session.
         self.session_expired = False
+        # Why the transport ended the session, when it did so itself (a stdio server's line too long).
+        self.fault: Exception | None = None
 
     @property
     def alive(self) -> bool:
@@ -131,7 +147,9 @@ class McpConnection:
         try:
             async with AsyncExitStack() as stack:
                 read_stream, write_stream = await stack.enter_async_context(self._transport())
-                dispatcher = _WatchedDispatcher(read_stream, write_stream, on_end=self.mark_ended)
+                dispatcher = _WatchedDispatcher(
+                    read_stream, write_stream, on_end=self.mark_ended, on_fault=self._fault
+                )
                 session = await stack.enter_async_context(
                     ClientSession(dispatcher=dispatcher, read_timeout_seconds=self._timeout)
                 )
@@ -145,7 +163,7 @@ class McpConnection:
                 message = (
                     self._too_slow_to_start()
                     if timed_out
-                    else f"MCP server {self.name!r} is unreachable: {describe(exc)}"
+                    else f"MCP server {self.name!r} is unreachable: {self.fault or describe(exc)}"
                 )
                 ready.set_exception(HelperError(message))
             elif not self._closing.is_set() or self._ended:
@@ -157,15 +175,21 @@ class McpConnection:
             if self._session is not None:
                 log.info("mcp_disconnected", server=self.name)
 
+    def _fault(self, exc: Exception) -> None:
+        self.fault = exc
+        log.warning("mcp_session_ended_by_transport", server=self.name, reason=str(exc))
+        self.mark_ended()
+
     def _too_slow_to_start(self) -> str:
         return f"MCP server {self.name!r} did not complete its start within {self._timeout:g} s"
 
     def _transport(self) -> AbstractAsyncContextManager[tuple[Any, Any]]:
-        """The SDK transport for this server's configuration (entered by the owner task)."""
+        """The transport for this server's configuration (entered by the owner task)."""
         config = self._config
         if isinstance(config, StdioServerConfig):
-            # "replace": with the SDK's default ("strict") the first byte that is not UTF-8 killed its
-            # stdout reader while the session looked alive, and every later call timed out.
+            # Our transport (app/tools/mcp_stdio.py), not the SDK's: it bounds a line, and splits lines in
+            # linear time. "replace": with "strict", a line holding a byte that is not UTF-8 would be lost
+            # (with the SDK's reader, the reader itself died), and its call would time out.
             params = StdioServerParameters(
                 command=config.command,
                 args=list(config.args),
@@ -255,6 +279,10 @@ async def request(connection: McpConnection, what: str, pending: Awaitable[T], *
             raise HelperError(too_slow) from None
         if exc.code == mcp_types.CONNECTION_CLOSED:
             connection.mark_ended()
+            if connection.fault is not None:
+                raise HelperError(
+                    f"MCP server {name!r} failed {what}: {connection.fault}; the next call restarts it"
+                ) from None
             raise HelperError(
                 f"MCP server {name!r} closed the connection during {what} (the call may or may not have "
                 "run); the next call reconnects"

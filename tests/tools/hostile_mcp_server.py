@@ -4,10 +4,12 @@ that it can send what the SDK never would), each tool misbehaving its own way.""
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
 from typing import Any
 
-TOOLS = ["ok", "bad_utf8", "flood"]
+TOOLS = ["ok", "bad_utf8", "flood", "pid", "huge_text", "endless_line", "garbage"]
 out = sys.stdout.buffer
 
 
@@ -32,6 +34,21 @@ def call(request_id: int, name: str, n: int) -> None:
             log = {"level": "info", "data": "z" * 100}
             send({"jsonrpc": "2.0", "method": "notifications/message", "params": log})
         text(request_id, "after the flood")
+    elif name == "pid":  # which process answers, to see it stopped or restarted
+        text(request_id, str(os.getpid()))
+    elif name == "huge_text":  # one well-formed line of a little over n bytes
+        text(request_id, "x" * n)
+    elif name == "endless_line":  # n bytes of a line that does not end, then silence with stdout open
+        chunk = b"y" * 65536
+        for _ in range(n // len(chunk)):
+            out.write(chunk)
+        out.write(b"y" * (n % len(chunk)))
+        out.flush()
+        while True:
+            time.sleep(60)
+    elif name == "garbage":  # a line that is not JSON-RPC, then the answer
+        out.write(b"this is not json\n")
+        text(request_id, "after the garbage")
 
 
 def main() -> None:
