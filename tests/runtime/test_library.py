@@ -401,7 +401,8 @@ async def test_a_replayed_journal_leaves_the_rest_of_the_cap_to_records(
     )
     tools = {"find_user": ["name"]}
     paused = await run(pool, code, workdir=tmp_path, tools=tools, on_call=Recorder(suspend_external))
-    assert paused.status == "suspended" and paused.pending is not None
+    assert paused.status == "suspended"
+    assert paused.pending is not None
     answer = CallReply(kind="value", value="x" * (MAX_JOURNAL_BYTES - 150_000))
     journal = [JournalEntry.for_call(paused.pending, answer)]
     # Replayed by a fresh process (the paused one waits, bound to ``tmp_path``).
