@@ -91,9 +91,11 @@ async def test_bytes_that_are_not_utf8_do_not_wedge_the_session(hostile: McpMana
     assert time.monotonic() - started < 2
 
 
-async def test_a_flood_of_notifications_before_the_answer(hostile: McpManager) -> None:
-    assert await hostile.call_tool("h", "flood", {"n": 5000}) == "after the flood"
-    assert await hostile.call_tool("h", "ok", {}) == "fine"
+async def test_a_flood_of_notifications_before_the_answer(patient: McpManager) -> None:
+    # 5,000 notifications take 0.3 s here on a quiet machine (each is parsed and validated), but
+    # more than 3 s with two test suites on two cores: the answer is the point, not the time.
+    assert await patient.call_tool("h", "flood", {"n": 5000}) == "after the flood"
+    assert await patient.call_tool("h", "ok", {}) == "fine"
 
 
 async def test_a_line_that_is_not_json_rpc_costs_that_line_only(hostile: McpManager) -> None:
