@@ -1,7 +1,7 @@
 """Attacker pass on live processes: what a block of a live process sets up to run *after* its
-``done`` (a signal handler on a timer it armed itself, which the worker's end-of-block sweep
-cannot see yet) must not outlive the process's release, nor reach the next conversation that
-runs on the same worker."""
+``done`` (a signal handler of the SIGCHLD the worker's end-of-block sweep causes, or of a timer it
+armed itself) must not run between the blocks, nor outlive the block it runs in, nor reach the
+next conversation that runs on the same worker."""
 
 from __future__ import annotations
 
@@ -30,9 +30,9 @@ async def short(request: pytest.FixtureRequest, workspaces: Path) -> AsyncIterat
 
 
 # The block leaves a process running and handles SIGCHLD: the worker's end-of-block sweep kills
-# that process, and the handler then runs while the process is live (blocked on its next
-# request), after the sweep, and starts a daemon in a session of its own that appends to a file
-# of the conversation every 50 ms. (The block's own ITIMER_REAL is cleared at its report.)
+# that process, and the handler would then run while the process is live (blocked on its next
+# request), after the sweep, and start a daemon in a session of its own that appends to a file of
+# the conversation every 50 ms. (The block's own ITIMER_REAL is cleared at its report.)
 LATE_DAEMON = """\
 import ctypes, os, signal, subprocess, time
 def late(*_):
@@ -51,9 +51,11 @@ result('armed')
 """
 
 
-async def test_a_daemon_started_between_blocks_dies_with_the_released_process(
+async def test_nothing_of_a_block_runs_between_the_blocks_of_a_live_process(
     short: RuntimePool, workspaces: Path
 ) -> None:
+    """A live process holds every signal from its ``done`` to its next block: the handler runs at
+    the start of that block, within its limits, and what it starts dies with it; or never."""
     marker = f"atl{os.urandom(5).hex()}"
     attacker, victim = conversation(workspaces), conversation(workspaces)
     beat = attacker / "beat.txt"
@@ -64,19 +66,26 @@ async def test_a_daemon_started_between_blocks_dies_with_the_released_process(
         assert (first.status, first.results) == ("ok", ["armed"]), first.error
         await asyncio.sleep(0.5)
         assert short.live_processes == 1
-        assert beat.exists()  # the daemon runs while A is live
-        assert beat.stat().st_size > 0
-        await asyncio.sleep(0.8)  # past live_seconds: released, its worker rearmed
+        assert not beat.exists(), "the block's handler ran between its blocks"
+        # The next block of A: the held SIGCHLD reaches the handler now, inside this block.
+        second = await run(
+            short, "import time\ntime.sleep(0.3)\nresult('second')", workdir=attacker, snapshot=first.snapshot
+        )
+        assert (second.status, second.results, second.process) == ("ok", ["second"], "live"), second.error
+        assert beat.exists()
+        size = beat.stat().st_size
+        await asyncio.sleep(0.3)
+        assert beat.stat().st_size == size, "the daemon outlived the block that started it"
+        assert host_processes_with(marker) == []
+        await asyncio.sleep(1.0)  # past live_seconds: released, its worker rearmed
         assert short.live_processes == 0
-        # Another conversation on the workers: sees none of it, and the beat has stopped.
+        # Another conversation on the workers sees none of it.
         for _ in range(2):
             outcome = await run(
                 short, "import os\nresult(sorted(os.listdir('/proc')))\nresult(os.getcwd())\n", workdir=victim
             )
             assert outcome.status == "ok", outcome.error
-        size = beat.stat().st_size
-        await asyncio.sleep(0.3)
-        assert beat.stat().st_size == size, "the daemon outlived its conversation's process"
+        assert beat.stat().st_size == size
         assert host_processes_with(marker) == []
     finally:
         for pid in host_processes_with(marker):

@@ -216,11 +216,10 @@ async def test_a_live_process_that_dies_between_blocks_is_replaced(
     assert second.results[1] != first.results[1]
 
 
-async def test_a_live_process_that_speaks_between_blocks_is_killed(
-    live: RuntimePool, workspaces: Path
-) -> None:
-    """Nothing may come from a live process between its blocks: a frame it sends (here from a
-    signal handler the block installed) is a violation; the next block runs in a fresh fork."""
+async def test_a_signal_between_blocks_waits_for_the_next_block(live: RuntimePool, workspaces: Path) -> None:
+    """Nothing runs in a live process between its blocks: a signal sent then (here to a handler that
+    forges a frame) is held until the next block starts, where the forged frame breaks that block's
+    protocol and the block fails; the block after it runs in a fresh fork."""
     if live.sandbox != "process":
         pytest.skip("the test signals the child by its host pid (process backend)")
     workdir = conversation(workspaces)
@@ -236,10 +235,13 @@ async def test_a_live_process_that_speaks_between_blocks_is_killed(
     assert first.status == "ok", first.error
     os.kill(int(first.results[0]), signal.SIGUSR1)
     await asyncio.sleep(0.3)
+    assert live.live_processes == 1  # it said nothing: still live
     second = await run(live, "result(x)\n" + PID, workdir=workdir, snapshot=first.snapshot)
-    assert second.status == "ok", second.error
-    assert second.results[0] == "1"
-    assert second.results[1] != first.results[1]
+    assert (second.status, second.failure, second.process) == ("error", "protocol_violation", "live")
+    third = await run(live, "result(x)\n" + PID, workdir=workdir, snapshot=first.snapshot)
+    assert third.status == "ok", third.error
+    assert third.results[0] == "1"
+    assert third.results[1] != first.results[1]
 
 
 # -- the live processes' memory budget ------------------------------------------------------------

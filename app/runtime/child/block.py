@@ -57,14 +57,33 @@ Status = Literal["ok", "error", "limit", "suspended"]
 _ERROR_MESSAGE_BYTES: Final = 4_000
 
 
+def hold_signals() -> set[int | signal.Signals]:
+    """Block every signal that can be blocked; the mask before, to restore."""
+    return signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+
+
 class LiveState:
     """What a live process keeps between the blocks of its conversation: the namespace, the
-    directory it is confined to, and the previous block's helpers (to rebind them by name)."""
+    directory it is confined to, the previous block's helpers (to rebind them by name), and the
+    signal mask its code left, held back until the next block runs (``hold_signals``)."""
 
-    def __init__(self, *, namespace: dict[str, Any], workdir: str, helpers: Mapping[str, object]) -> None:
+    def __init__(
+        self,
+        *,
+        namespace: dict[str, Any],
+        workdir: str,
+        helpers: Mapping[str, object],
+        signal_mask: set[int | signal.Signals],
+    ) -> None:
         self.namespace = namespace
         self.workdir = workdir
         self.helpers = helpers
+        self.signal_mask = signal_mask
+
+    def resume_signals(self) -> None:
+        """In the next block, once its limits and wall clock hold: the signals that came between
+        the blocks (the end-of-block sweep's SIGCHLD, a timer of the code's) reach its handlers now."""
+        signal.pthread_sigmask(signal.SIG_SETMASK, self.signal_mask)
 
     def carry_over(self, helpers: Mapping[str, object]) -> None:
         """Make the namespace what loading its snapshot would give the next block: a helper of
@@ -621,6 +640,10 @@ class Block:
         on in it (a thread would run on into the next block); otherwise it exits."""
         if not self._keep or os.getpid() != self._pid or thread_count() > self._threads:
             self.stop(status, error=error, snapshot_data=snapshot_data, dropped=dropped, figures=figures)
+        # Before the report: once the worker has it, it kills what the block left running, and
+        # the code's handler of that SIGCHLD (or of a timer it armed) would run between the blocks,
+        # outside any block's wall clock. Held, it runs in the next block, or never.
+        mask = hold_signals()
         self._report(
             status,
             error=error,
@@ -631,7 +654,9 @@ class Block:
             live=True,
         )
         running.current = None
-        return LiveState(namespace=self.namespace, workdir=self._request["workdir"], helpers=helpers)
+        return LiveState(
+            namespace=self.namespace, workdir=self._request["workdir"], helpers=helpers, signal_mask=mask
+        )
 
     def _execute(self, compiled: types.CodeType) -> str | None:
         """Run the code; return the rendered error, if it raised."""

@@ -172,6 +172,8 @@ def serve_one(*, channel: int, log_fd: int) -> int:
             request=request, output=output, channel_in=stream, channel_out=channel, reserve=reserve, live=live
         )
         block.start()
+        if live is not None:
+            live.resume_signals()
         live = block.run(snapshot_data)
         if live is None:
             return 0
