@@ -38,6 +38,32 @@ REDIS_URL = os.environ.get("SABRE_TEST_REDIS_URL", "")
 REQUIRE = os.environ.get("SABRE_TEST_REQUIRE_SERVICES") == "1"
 
 
+# The files whose tests take longest in all (servers started and killed, a fuzzer, timeouts waited
+# out), heaviest first: xdist hands files to its workers in collection order (the README's command
+# turns its reordering by test count off), so these start first and no worker is left, at the end,
+# running one of them alone while the others wait. A name missing here only loses that place.
+HEAVY_FIRST = (
+    "tests/api/test_schemathesis.py",
+    "tests/tools/test_mcp.py",
+    "tests/conversations/test_external_tools.py",
+    "tests/conversations/test_idempotency_lease.py",
+    "tests/events/test_turn_operations.py",
+    "tests/kit/test_observability.py",
+    "tests/events/test_webhooks.py",
+    "tests/runtime/test_limits.py",
+    "tests/openai_compat/test_chat_completions.py",
+    "tests/kit/test_jobs.py",
+    "tests/conversations/test_turns.py",
+    "tests/conversations/test_hostile_input.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Heaviest files first (``HEAVY_FIRST``), the rest in their order; tests keep theirs."""
+    rank = {name: index for index, name in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+
+
 def _unavailable(what: str) -> None:
     if REQUIRE:
         pytest.fail(f"{what} is required (SABRE_TEST_REQUIRE_SERVICES=1) but is not available")
