@@ -24,7 +24,13 @@ from app.runtime.child.journal import answer, local_answer, short_args
 from app.runtime.child.namespace import RecordTooLarge, ToolError, namespace_names
 from app.runtime.child.output import OutputStream, Results, cap_text, render_result
 from app.runtime.child.parallel import NO_ITEMS, hashable, parallel_plan
-from app.runtime.child.process import apply_limits, reap_children, thread_count
+from app.runtime.child.process import (
+    apply_limits,
+    hold_signals,
+    reap_children,
+    restore_signals,
+    thread_count,
+)
 from app.runtime.child.tools import LOCAL_MEMBERS, sandbox_tool
 from app.runtime.child.tracebacks import Source, render_traceback
 from app.runtime.protocol import (
@@ -57,11 +63,6 @@ Status = Literal["ok", "error", "limit", "suspended"]
 _ERROR_MESSAGE_BYTES: Final = 4_000
 
 
-def hold_signals() -> set[int | signal.Signals]:
-    """Block every signal that can be blocked; the mask before, to restore."""
-    return signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
-
-
 class LiveState:
     """What a live process keeps between the blocks of its conversation: the namespace, the
     directory it is confined to, the previous block's helpers (to rebind them by name), and the
@@ -73,7 +74,7 @@ class LiveState:
         namespace: dict[str, Any],
         workdir: str,
         helpers: Mapping[str, object],
-        signal_mask: set[int | signal.Signals],
+        signal_mask: bytes,
     ) -> None:
         self.namespace = namespace
         self.workdir = workdir
@@ -83,7 +84,7 @@ class LiveState:
     def resume_signals(self) -> None:
         """In the next block, once its limits and wall clock hold: the signals that came between
         the blocks (the end-of-block sweep's SIGCHLD, a timer of the code's) reach its handlers now."""
-        signal.pthread_sigmask(signal.SIG_SETMASK, self.signal_mask)
+        restore_signals(self.signal_mask)
 
     def carry_over(self, helpers: Mapping[str, object]) -> None:
         """Make the namespace what loading its snapshot would give the next block: a helper of

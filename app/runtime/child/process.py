@@ -1,5 +1,5 @@
 """What the child does to its own process: the block's rlimits, death with its parent, reaping
-what its last block started, counting its threads."""
+what its last block started, counting its threads, holding signals between live blocks."""
 
 from __future__ import annotations
 
@@ -20,6 +20,28 @@ from app.runtime.protocol import (
 )
 
 _PR_SET_PDEATHSIG: Final = 1
+_SIG_BLOCK: Final = 0
+_SIG_SETMASK: Final = 2
+_SIGSET_BYTES: Final = 128  # glibc's sigset_t
+_LIBC: Final = ctypes.CDLL(None, use_errno=True)
+
+
+def hold_signals() -> bytes:
+    """Block every signal that can be blocked (glibc keeps its own two out); the mask before, to
+    give back to ``restore_signals``. Through libc: ``signal.pthread_sigmask`` builds a set of
+    enum members of every signal both ways, 0.13 ms against 1 us, which a live process's next
+    block (0.6 ms in all) would pay."""
+    every = ctypes.create_string_buffer(b"\xff" * _SIGSET_BYTES, _SIGSET_BYTES)
+    before = ctypes.create_string_buffer(_SIGSET_BYTES)
+    if _LIBC.pthread_sigmask(_SIG_BLOCK, every, before) != 0:
+        raise OSError(ctypes.get_errno(), "pthread_sigmask")
+    return before.raw
+
+
+def restore_signals(mask: bytes) -> None:
+    """Set the signal mask ``hold_signals`` returned: what was held is delivered now."""
+    if _LIBC.pthread_sigmask(_SIG_SETMASK, ctypes.create_string_buffer(mask, _SIGSET_BYTES), None) != 0:
+        raise OSError(ctypes.get_errno(), "pthread_sigmask")
 
 
 _LIMITED: Final = (
