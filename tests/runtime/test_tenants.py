@@ -395,6 +395,24 @@ async def test_a_block_over_quota_may_still_clean_up(pool: RuntimePool, tmp_path
     assert (outcome.status, outcome.results) == ("ok", ["0"])
 
 
+async def test_a_block_over_quota_at_its_start_may_not_grow(pool: RuntimePool, tmp_path: Path) -> None:
+    """The worker measures a fresh block's directory before the block gets its code: what the code
+    writes first counts. (The walk reaches ``many/last/big`` after 3,000 other files, milliseconds
+    in: a baseline taken while the block starts would include its write, and let it grow.)"""
+    (tmp_path / "many" / "last").mkdir(parents=True)
+    for index in range(3000):
+        (tmp_path / "many" / str(index)).touch()
+    (tmp_path / "many" / "last" / "big").write_bytes(b"x" * (12 << 20))
+    (tmp_path / "many" / "last" / "big").chmod(0o666)  # the block's user may not be the test's
+    outcome = await run(
+        pool,
+        "open('many/last/big', 'ab').write(b'y' * (2 << 20))\nresult('wrote')",
+        workdir=tmp_path,
+        limits=Limits(disk_mb=10),
+    )
+    assert (outcome.status, outcome.limit) == ("limit", "disk 10MB"), outcome.error
+
+
 async def test_calls_of_a_victim_are_never_made_by_an_attacker(pool: RuntimePool, workspaces: Path) -> None:
     """A well-formed call frame on its own channel names only its own block's tools."""
     attacker = _conversation(workspaces)
