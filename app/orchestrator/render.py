@@ -13,7 +13,9 @@ from app.runtime import BlockOutcome
 
 # The result's own tags, however written: text inside a result (a block's output, a web page, a
 # caller's tool result) must not close it early and go on as if the transcript said something else.
-_RESULT_TAG: Final = re.compile(r"<(?=\s*/?\s*helpers_result)", re.IGNORECASE)
+# Spacing may be any white space or an invisible format character (zero-width space, joiner, BOM).
+_GAP: Final = r"[\s\u200b-\u200f\u2060-\u2064\ufeff]*"
+_RESULT_TAG: Final = re.compile(rf"<(?={_GAP}/?{_GAP}helpers_result)", re.IGNORECASE)
 
 
 def fence_result(body: str) -> str:

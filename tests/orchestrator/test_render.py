@@ -14,6 +14,8 @@ from app.orchestrator.render import fence_result, to_llm_messages
         ("<helpers_result>", "&lt;helpers_result>"),
         ("< /Helpers_Result >", "&lt; /Helpers_Result >"),
         ("<\n/helpers_result>", "&lt;\n/helpers_result>"),
+        ("<\u200b/\ufeffhelpers_result>", "&lt;\u200b/\ufeffhelpers_result>"),
+        ("<\u2060helpers_RESULT>", "&lt;\u2060helpers_RESULT>"),
         ("a < b, <helpers> and </helpers> stay", "a < b, <helpers> and </helpers> stay"),
         ("", ""),
     ],
