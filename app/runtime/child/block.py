@@ -83,8 +83,10 @@ class LiveState:
 
     def resume_signals(self) -> None:
         """In the next block, once its limits and wall clock hold: the signals that came between
-        the blocks (the end-of-block sweep's SIGCHLD, a timer of the code's) reach its handlers now."""
-        restore_signals(self.signal_mask)
+        the blocks (the end-of-block sweep's SIGCHLD, one the code asked for) reach its handlers
+        now; the last block's own limits (its wall clock's SIGALRM, SIGXCPU), if they fired as it
+        ended, are dropped, or they would end this one at once."""
+        restore_signals(self.signal_mask, drop=(signal.SIGALRM, signal.SIGXCPU))
 
     def carry_over(self, helpers: Mapping[str, object]) -> None:
         """Make the namespace what loading its snapshot would give the next block: a helper of

@@ -38,10 +38,22 @@ def hold_signals() -> bytes:
     return before.raw
 
 
-def restore_signals(mask: bytes) -> None:
-    """Set the signal mask ``hold_signals`` returned: what was held is delivered now."""
+def restore_signals(mask: bytes, *, drop: tuple[int, ...] = ()) -> None:
+    """Set the signal mask ``hold_signals`` returned: what was held is delivered now, but for
+    the signals in ``drop``, taken off first (pending ones are consumed, not delivered)."""
+    if drop:
+        dropped = bytearray(_SIGSET_BYTES)
+        for signum in drop:
+            dropped[(signum - 1) // 8] |= 1 << ((signum - 1) % 8)
+        wanted, now = ctypes.create_string_buffer(bytes(dropped), _SIGSET_BYTES), _Timespec(0, 0)
+        while _LIBC.sigtimedwait(wanted, None, ctypes.byref(now)) > 0:
+            pass
     if _LIBC.pthread_sigmask(_SIG_SETMASK, ctypes.create_string_buffer(mask, _SIGSET_BYTES), None) != 0:
         raise OSError(ctypes.get_errno(), "pthread_sigmask")
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = (("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long))
 
 
 _LIMITED: Final = (
