@@ -288,6 +288,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--zygote", action="store_true", help="fork workers on request (stdin: a SOCK_SEQPACKET socket)"
     )
     options = parser.parse_args(argv)
+    # A signal mask is inherited through fork and exec: one the server's spawning thread had (a
+    # library's thread that blocks signals, a test) would hold, in every block, the signals its
+    # limits arrive by (SIGXCPU, the wall clock's SIGALRM) and those its code expects.
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
     proto_in, proto_out, log_fd = _protocol_fds()
     # Orphans of a block (a daemon that left its session) become the worker's children, so
     # the worker can kill them when the block ends.
