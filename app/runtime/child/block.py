@@ -291,26 +291,32 @@ class Block:
         digest = call_digest(name=name, args=json_args, kwargs=json_kwargs)
         # One call at a time, even from threads the code started: the pipe carries one
         # exchange at a time and the journal is consumed in order.
-        with self._call_lock:
-            if self.replayed < len(self._journal):
-                entry: Sequence[Any] = self._journal[self.replayed]
-                if entry[0] != name or entry[1] != digest:
-                    self._diverged(entry, name, json_args, json_kwargs, digest)
-                self.replayed += 1
-            else:
-                line, code = self._call_site()
-                call = {
-                    "name": name,
-                    "runs": runs,
-                    "args": json_args,
-                    "kwargs": json_kwargs,
-                    "arguments": arguments,
-                    "line": line,
-                    "code": code,
-                }
-                answered = self._ask_parent(call, digest)
-                assert answered is not None  # only the call of a parallel batch is deferred
-                entry = answered
+        held: bytes | None = None
+        try:
+            with self._call_lock:
+                if self.replayed < len(self._journal):
+                    entry: Sequence[Any] = self._journal[self.replayed]
+                    if entry[0] != name or entry[1] != digest:
+                        self._diverged(entry, name, json_args, json_kwargs, digest)
+                    self.replayed += 1
+                else:
+                    line, code = self._call_site()
+                    call = {
+                        "name": name,
+                        "runs": runs,
+                        "args": json_args,
+                        "kwargs": json_kwargs,
+                        "arguments": arguments,
+                        "line": line,
+                        "code": code,
+                    }
+                    held = hold_signals()  # over the wait (``_ask_parent``), let go after the lock
+                    answered = self._ask_parent(call, digest)
+                    assert answered is not None  # only the call of a parallel batch is deferred
+                    entry = answered
+        finally:
+            if held is not None:
+                restore_signals(held)
         return answer(entry)
 
     def parallel(self, calls: Any, items: Any = NO_ITEMS, /, *, return_exceptions: bool = False) -> list[Any]:
@@ -368,50 +374,69 @@ class Block:
         """The journal entries answering a batch of external calls: the next ``len(batch)``
         journal entries, matched call by call on name and digest (equal calls in order), else
         from the parent, all sent before the block pauses."""
-        size = len(batch)
         with self._call_lock:
-            left = len(self._journal) - self.replayed
-            if left > 0:
-                group: list[Sequence[Any] | None] = list(self._journal[self.replayed : self.replayed + size])
-                answers: list[Sequence[Any]] = []
-                for _, name, args, kwargs, _, digest in batch:
-                    found = next(
-                        (j for j, e in enumerate(group) if e is not None and e[0] == name and e[1] == digest),
-                        None,
-                    )
-                    if found is None:
-                        line, code = self._call_site(depth=2)
-                        self.stop(
-                            "error",
-                            error=(
-                                f"ReplayDivergenceError: parallel(...) at line {line}: {code or ''} calls "
-                                f"{name}({short_args(args, kwargs)}), which the journal did not record "
-                                f"among the {min(left, size)} calls it holds for this batch. A block must "
-                                "make the same calls, with the same arguments, when it runs again."
-                            ),
-                        )
-                    entry = group[found]
-                    assert entry is not None
-                    group[found] = None
-                    answers.append(entry)
-                self.replayed += size
-                return answers
-            line, code = self._call_site(depth=2)
-            entries: list[Sequence[Any] | None] = []
-            for position, (_, name, args, kwargs, arguments, digest) in enumerate(batch):
-                call = {
-                    "name": name,
-                    "runs": "caller",
-                    "args": args,
-                    "kwargs": kwargs,
-                    "arguments": arguments,
-                    "line": line,
-                    "code": code,
-                }
-                entries.append(self._ask_parent(call, digest, (position, size)))
-            if any(entry is None for entry in entries):
-                raise RuntimeError("sandbox protocol: calls of a parallel batch were deferred, not paused")
-            return [entry for entry in entries if entry is not None]
+            if len(self._journal) > self.replayed:
+                return self._replay_batch(batch)
+            held = hold_signals()  # over the batch's waits (``_ask_parent``), let go after the lock
+            try:
+                entries = self._ask_batch(batch)
+            except BaseException:
+                restore_signals(held)
+                raise
+        restore_signals(held)
+        return entries
+
+    def _replay_batch(
+        self, batch: Sequence[tuple[int, str, list[Any], dict[str, Any], dict[str, Any], str]]
+    ) -> list[Sequence[Any]]:
+        """The batch's answers from the journal's next entries, matched call by call."""
+        size = len(batch)
+        left = len(self._journal) - self.replayed
+        group: list[Sequence[Any] | None] = list(self._journal[self.replayed : self.replayed + size])
+        answers: list[Sequence[Any]] = []
+        for _, name, args, kwargs, _, digest in batch:
+            found = next(
+                (j for j, e in enumerate(group) if e is not None and e[0] == name and e[1] == digest),
+                None,
+            )
+            if found is None:
+                line, code = self._call_site(depth=3)
+                self.stop(
+                    "error",
+                    error=(
+                        f"ReplayDivergenceError: parallel(...) at line {line}: {code or ''} calls "
+                        f"{name}({short_args(args, kwargs)}), which the journal did not record "
+                        f"among the {min(left, size)} calls it holds for this batch. A block must "
+                        "make the same calls, with the same arguments, when it runs again."
+                    ),
+                )
+            entry = group[found]
+            assert entry is not None
+            group[found] = None
+            answers.append(entry)
+        self.replayed += size
+        return answers
+
+    def _ask_batch(
+        self, batch: Sequence[tuple[int, str, list[Any], dict[str, Any], dict[str, Any], str]]
+    ) -> list[Sequence[Any]]:
+        """The batch's calls sent to the parent, all before the block pauses."""
+        line, code = self._call_site(depth=3)
+        entries: list[Sequence[Any] | None] = []
+        for position, (_, name, args, kwargs, arguments, digest) in enumerate(batch):
+            call = {
+                "name": name,
+                "runs": "caller",
+                "args": args,
+                "kwargs": kwargs,
+                "arguments": arguments,
+                "line": line,
+                "code": code,
+            }
+            entries.append(self._ask_parent(call, digest, (position, len(batch))))
+        if any(entry is None for entry in entries):
+            raise RuntimeError("sandbox protocol: calls of a parallel batch were deferred, not paused")
+        return [entry for entry in entries if entry is not None]
 
     def _diverged(
         self, entry: Sequence[Any], name: str, args: list[Any], kwargs: dict[str, Any], digest: str
@@ -434,7 +459,8 @@ class Block:
         """Send a call to the parent and wait for its reply (suspend stops the block); None when
         the call of a ``parallel`` batch is deferred (it waits for the caller with the batch)."""
         assert self._in is not None
-        # The wall clock stops while the parent works on the call (an LLM call may be slow).
+        # The wall clock stops while the parent works on the call (an LLM call may be slow, a
+        # parked block waits for its resume); the caller holds signals over it (``_held``).
         remaining, _ = signal.setitimer(signal.ITIMER_REAL, 0)
         with contextlib.suppress(OSError):
             self._output.flush()  # what was printed before the call comes before its effects
