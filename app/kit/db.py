@@ -18,6 +18,8 @@ from sqlalchemy.ext.asyncio import (
 )
 from sqlalchemy.orm import DeclarativeBase
 
+from app.kit.json_body import load_stored
+
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
     "uq": "uq_%(table_name)s_%(column_0_name)s",
@@ -74,7 +76,7 @@ def create_engine(
     insert of the turn's next events) must not stop the process that took the turn over.
     """
     if url.startswith("sqlite"):
-        engine = create_async_engine(url, connect_args={"timeout": 30})
+        engine = create_async_engine(url, connect_args={"timeout": 30}, json_deserializer=load_stored)
 
         @event.listens_for(engine.sync_engine, "connect")
         def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -97,6 +99,7 @@ def create_engine(
         max_overflow=10,
         pool_pre_ping=pre_ping,
         connect_args={"server_settings": server_settings},
+        json_deserializer=load_stored,
     )
 
     @event.listens_for(engine.sync_engine, "checkout")

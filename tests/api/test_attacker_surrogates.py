@@ -7,7 +7,9 @@ the turn's request to the model could not be sent (found by the attacker pass)."
 from __future__ import annotations
 
 import pytest
+from sqlalchemy import text
 
+from app.kit.db import create_engine
 from app.kit.errors import Unprocessable
 from app.kit.json_body import loads
 from app.llm.scripted import ScriptedLLM
@@ -129,3 +131,43 @@ async def test_bodies_in_utf16_or_utf32_are_checked_alike(
         )
         assert fine.status_code == 201, fine.text
         assert fine.json()["status"] == "completed"
+
+
+async def test_rows_stored_before_the_refusal_are_served_mended(
+    make_client: AppFactory, llm: ScriptedLLM, store: dict[str, str | None]
+) -> None:
+    """A lone surrogate already in a stored row (from before the refusal: plain JSON columns take
+    the escape on both stores) made the conversation, its messages and every listing of its
+    tenant a 500, and its next turn fail. Read from the store, it is U+FFFD."""
+    llm.script("first answer")
+    async with make_client() as client:
+        created = await client.post("/v1/conversations", json={"input": "hi", "metadata": {"k": "v"}})
+        conv = created.json()["conversation_id"]
+        assert store["database_url"] is not None
+        engine = create_engine(store["database_url"])
+        try:
+            async with engine.begin() as connection:
+                await connection.execute(
+                    text("UPDATE conversations SET metadata = :metadata WHERE id = :id"),
+                    {"metadata": '{"k": "a\\ud800b", "\\udc00": "\\ud83d\\ude00"}', "id": conv},
+                )
+                await connection.execute(
+                    text("UPDATE messages SET parts = :parts WHERE conversation_id = :id AND role = 'user'"),
+                    {"parts": '[{"kind": "text", "text": "hi \\uDBFF"}]', "id": conv},
+                )
+        finally:
+            await engine.dispose()
+        got = await client.get(f"/v1/conversations/{conv}")
+        assert got.status_code == 200, got.text
+        assert got.json()["metadata"] == {"k": "a\ufffdb", "\ufffd": "\U0001f600"}  # a pair stays
+        listed = await client.get("/v1/conversations")
+        assert listed.status_code == 200, listed.text
+        assert conv in [item["id"] for item in listed.json()["data"]]
+        messages = await client.get(f"/v1/conversations/{conv}/messages")
+        assert messages.status_code == 200, messages.text
+        assert "hi \ufffd" in str(messages.json())
+        llm.script("second answer")
+        turn = await client.post(f"/v1/conversations/{conv}/messages", json={"input": "more"})
+        assert turn.status_code == 200, turn.text
+        assert turn.json()["status"] == "completed", turn.json()
+        assert "hi \ufffd" in str(llm.requests[-1])
