@@ -1023,6 +1023,7 @@ async def run(
     *,
     runtime_workers: int,
     live_processes: int | None,
+    live_seconds: float | None,
     preload: str | None,
     web_workers: int,
     workload_only: bool,
@@ -1064,6 +1065,8 @@ async def run(
         )
         if live_processes is not None:
             served_env["SABRE_RUNTIME_LIVE_PROCESSES"] = str(live_processes)
+        if live_seconds is not None:
+            served_env["SABRE_RUNTIME_LIVE_SECONDS"] = str(live_seconds)
         if preload is not None:
             served_env["SABRE_RUNTIME_PRELOAD"] = preload
         lg_env = clean_env(
@@ -1134,6 +1137,7 @@ async def run(
                     f"`python -m app.cli serve --workers {web_workers}`, PostgreSQL + Redis, "
                     f"{runtime_workers} sandbox workers, chat API"
                     + ("" if live_processes is None else f", {live_processes} live processes")
+                    + ("" if live_seconds is None else f", live for {live_seconds:g} s")
                     + ("" if preload is None else f", preloading {preload or 'nothing'}"),
                 ],
                 [
@@ -1197,6 +1201,12 @@ def main() -> None:
         help="SABRE_RUNTIME_LIVE_PROCESSES of the server (default: the service's)",
     )
     parser.add_argument(
+        "--live-seconds",
+        type=float,
+        default=None,
+        help="SABRE_RUNTIME_LIVE_SECONDS of the server (0: every block and resume in a fresh fork)",
+    )
+    parser.add_argument(
         "--preload",
         default=None,
         help="SABRE_RUNTIME_PRELOAD of the server ('' for none; default: the service's)",
@@ -1216,6 +1226,7 @@ def main() -> None:
             args.quick,
             runtime_workers=args.runtime_workers,
             live_processes=args.live_processes,
+            live_seconds=args.live_seconds,
             preload=args.preload,
             web_workers=args.web_workers,
             workload_only=args.workload_only,
