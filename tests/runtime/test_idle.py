@@ -1,0 +1,99 @@
+"""A pool with nothing to run stays asleep: its workers, ready or holding a live conversation's
+process, do not wake up on a timer (each one's quota watchdog woke 20 times a second, so 16 live
+conversations kept the sandbox at about 2% of a core while the server was idle)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from app.runtime import Limits, RuntimePool
+from tests.runtime.support import BACKENDS, run, started_pool
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module", params=BACKENDS)
+async def pool(request: pytest.FixtureRequest, workspaces: Path) -> AsyncIterator[RuntimePool]:
+    """Two workers; a live process stays bound for 30 s."""
+    async with started_pool(request.param, workspaces, size=2, live_seconds=30.0) as started:
+        yield started
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as listing:
+            found += [int(child) for child in listing.read().split()]
+    return found
+
+
+def _zygote_family(pid: int) -> bool:
+    """Whether ``pid`` is the sandbox's Python (the zygote or a fork of it), not bubblewrap."""
+    with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+        argv = cmdline.read().split(b"\0")
+    return b"--zygote" in argv and not argv[0].endswith(b"bwrap")
+
+
+def _workers() -> list[int]:
+    """The sandbox workers below this process: the zygotes' children (their children: blocks)."""
+    workers, pending = [], _children(os.getpid())
+    while pending:
+        pid = pending.pop()
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+            if _zygote_family(pid) and _zygote_family(parent):
+                workers.append(pid)
+                continue
+            pending.extend(_children(pid))
+        except OSError:
+            continue
+    return workers
+
+
+def _switches(pid: int) -> int:
+    """Context switches so far of every thread of ``pid`` (each wake-up from a sleep is one)."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/status") as status:
+            for line in status:
+                if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                    total += int(line.split()[1])
+    return total
+
+
+async def test_workers_sleep_while_nothing_runs(pool: RuntimePool, workspaces: Path) -> None:
+    conversation = workspaces / f"idle-{os.urandom(4).hex()}"
+    conversation.mkdir()
+    limits = Limits(disk_mb=1)
+    outcome = await run(pool, "x = 1\nresult(x)", workdir=conversation, limits=limits)
+    assert outcome.status == "ok", outcome.error
+    await asyncio.sleep(0.5)  # its worker forks the next child; the live one waits
+    assert pool.live_processes == 1
+    workers = _workers()
+    assert len(workers) >= 2, workers  # one ready, one holding the live process
+    before = {pid: _switches(pid) for pid in workers}
+    await asyncio.sleep(1.0)
+    woke = {pid: _switches(pid) - count for pid, count in before.items()}
+    assert all(count <= 2 for count in woke.values()), woke  # was 20 or more each
+    # The watchdog of the live process wakes for its next block: past its disk quota, a block
+    # that then sleeps is stopped on the watchdog's timer, not at its end.
+    began = time.monotonic()
+    over = await run(
+        pool,
+        "open('big.bin', 'wb').write(b'x' * (3 << 20))\nimport time\ntime.sleep(20)\nresult('slept')",
+        workdir=conversation,
+        snapshot=outcome.snapshot,
+        limits=limits,
+    )
+    assert (over.status, over.process) == ("limit", "live"), (over.status, over.process, over.error)
+    assert over.limit is not None
+    assert over.limit.startswith("disk"), over.limit
+    assert time.monotonic() - began < 5
