@@ -9,6 +9,7 @@ for the answer to its external call.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -67,7 +68,7 @@ KILL_GRACE_SECONDS: Final = 0.5
 REARM_TIMEOUT_SECONDS: Final = 30.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class BlockRequest:
     """What the pool sends a worker for one block."""
 
@@ -79,6 +80,13 @@ class BlockRequest:
     journal: Sequence[JournalEntry]
     sandbox_tools: Sequence[SandboxTool]
 
+    @functools.cached_property
+    def replayed_bytes(self) -> int:
+        """``journal_bytes`` of ``journal``, measured once per block for the exchange, the
+        worker and the child alike (each encoded the journal again to measure it), and only
+        when a process gets the block (a resumed one continues its exchange)."""
+        return journal_bytes([entry.to_wire() for entry in self.journal])
+
     def encode(self, *, keep: bool, snapshot: bytes = b"", live_pid: int | None = None) -> bytes:
         """The ``run`` frame: for a fresh child with the snapshot to restore, or (``live_pid``)
         for the live child of this conversation, which has the namespace already."""
@@ -89,6 +97,7 @@ class BlockRequest:
             helpers=self.internal_helpers,
             tools=self.external_tools,
             journal=[entry.to_wire() for entry in self.journal],
+            replayed_bytes=self.replayed_bytes,
             local_tools=[(t.name, list(t.params), t.file, t.function, t.source) for t in self.sandbox_tools],
             keep=keep,
             live_pid=live_pid,
@@ -109,7 +118,9 @@ class Exchange:
         on_call: OnCall,
         local: frozenset[str] = frozenset(),
         may_park: Callable[[], bool] = lambda: False,
+        replayed_bytes: int | None = None,
     ) -> None:
+        """``replayed_bytes``: ``journal_bytes`` of ``journal``, if the caller measured it."""
         self._worker = worker
         self._local = local  # the block's sandbox tools: journaled by record frames
         self._may_park = may_park
@@ -138,7 +149,9 @@ class Exchange:
         # What the answers to its calls weigh: they stay in ``_new`` (the journal a pause stores) for
         # the whole block, so a loop over a service tool with large results held them all here.
         # Both start from the journal the block replays (``journal_bytes``), as in the child.
-        self._record_bytes = self._answer_bytes = journal_bytes([entry.to_wire() for entry in journal])
+        if replayed_bytes is None:
+            replayed_bytes = journal_bytes([entry.to_wire() for entry in journal])
+        self._record_bytes = self._answer_bytes = replayed_bytes
 
     @property
     def journal(self) -> list[JournalEntry]:

@@ -264,9 +264,7 @@ class RuntimePool:
                 worker, blocks = bound.worker, bound.blocks + 1
                 self.workers.set_state(worker, WorkerState.RUNNING)
                 self.workers.count_ooms(worker)
-                exchange = self._exchange(
-                    worker, limits=limits, names=names, journal=journal, on_call=on_call, local=sandbox_tools
-                )
+                exchange = self._exchange(worker, block=block, names=names, on_call=on_call)
                 keep = self._keeps(blocks)
                 process = "live"
                 running = exchange.run(
@@ -277,9 +275,7 @@ class RuntimePool:
         if exchange is None:
             worker, blocks = await self.workers.acquire(limits), 1
             started = time.perf_counter()
-            exchange = self._exchange(
-                worker, limits=limits, names=names, journal=journal, on_call=on_call, local=sandbox_tools
-            )
+            exchange = self._exchange(worker, block=block, names=names, on_call=on_call)
             keep = self._keeps(blocks)
             running = exchange.run(block.encode(keep=keep, snapshot=state), keep=keep)
         try:
@@ -288,9 +284,7 @@ class RuntimePool:
             except LiveGone:
                 # The live process died between blocks: its worker has a fresh child now.
                 blocks, process = 1, "fresh"
-                exchange = self._exchange(
-                    worker, limits=limits, names=names, journal=journal, on_call=on_call, local=sandbox_tools
-                )
+                exchange = self._exchange(worker, block=block, names=names, on_call=on_call)
                 keep = self._keeps(blocks)
                 outcome = await exchange.run(block.encode(keep=keep, snapshot=state), keep=keep)
         except BlockFailed as lost:
@@ -348,23 +342,17 @@ class RuntimePool:
         return outcome
 
     def _exchange(
-        self,
-        worker: WorkerProcess,
-        *,
-        limits: Limits,
-        names: Mapping[str, CallRunner],
-        journal: Sequence[JournalEntry],
-        on_call: OnCall,
-        local: Sequence[SandboxTool],
+        self, worker: WorkerProcess, *, block: BlockRequest, names: Mapping[str, CallRunner], on_call: OnCall
     ) -> Exchange:
         return Exchange(
             worker=worker,
-            limits=limits,
+            limits=block.limits,
             names=names,
-            journal=journal,
+            journal=block.journal,
             on_call=on_call,
-            local=frozenset(tool.name for tool in local),
+            local=frozenset(tool.name for tool in block.sandbox_tools),
             may_park=self._may_bind,
+            replayed_bytes=block.replayed_bytes,
         )
 
     # Processes bound to a conversation -----------------------------------------------------

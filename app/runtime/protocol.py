@@ -130,6 +130,9 @@ class RunRequest(TypedDict):
     helpers: list[str]
     tools: dict[str, list[str]]
     journal: list[WireEntry]
+    # ``journal_bytes(journal)``, measured once by the server: the worker and the child count
+    # the block's records and answers from it instead of encoding the journal again each.
+    journal_bytes: int
     local_tools: list[WireTool]
     keep: bool
     live: NotRequired[bool]
@@ -144,11 +147,13 @@ def run_request(
     helpers: Sequence[str] = (),
     tools: Mapping[str, Sequence[str]] | None = None,
     journal: Sequence[WireEntry] = (),
+    replayed_bytes: int | None = None,
     local_tools: Sequence[WireTool] = (),
     keep: bool = False,
     live_pid: int | None = None,
 ) -> RunRequest:
-    """The one place a ``run`` header is built (the pool's blocks and the worker's warm-up)."""
+    """The one place a ``run`` header is built (the pool's blocks and the worker's warm-up);
+    ``replayed_bytes``: ``journal_bytes(journal)`` when the caller measured it already."""
     request: RunRequest = {
         "t": "run",
         "v": PROTOCOL_VERSION,
@@ -158,6 +163,7 @@ def run_request(
         "helpers": list(helpers),
         "tools": {name: list(params) for name, params in (tools or {}).items()},
         "journal": list(journal),
+        "journal_bytes": journal_bytes(journal) if replayed_bytes is None else replayed_bytes,
         "local_tools": list(local_tools),
         "keep": keep,
     }
@@ -175,6 +181,8 @@ def as_run_request(header: Mapping[str, Any]) -> RunRequest:
             f"sandbox protocol: expected a run request of version {PROTOCOL_VERSION}, "
             f"got {header.get('t')!r} (version {header.get('v')!r})"
         )
+    if type(header.get("journal_bytes")) is not int or header["journal_bytes"] < 0:
+        raise FrameError("sandbox protocol: a run request without its journal's measure")
     return cast(RunRequest, header)
 
 

@@ -53,7 +53,6 @@ from app.runtime.protocol import (
     decode_header,
     decode_prefix,
     encode_frame,
-    journal_bytes,
     read_exact,
     read_frame_bytes,
     write_all,
@@ -357,7 +356,7 @@ class ChildLink:
             self._keep = request.get("keep") is True
             self._workdir = str(request["workdir"])
             self._calls = self._records = 0
-            self._record_bytes = journal_bytes(request.get("journal") or [])  # the replay counts
+            self._record_bytes = int(request["journal_bytes"])  # the replay counts (measured by the server)
             self._output = Output(int(limits["stdout_bytes"]))
             # SIGXCPU comes at the block's limit, RLIMIT_CPU's hard limit a second later; the
             # worker kills a block of a process that may stay live (whose hard limit spans its

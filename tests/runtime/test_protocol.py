@@ -14,6 +14,7 @@ from app.runtime.protocol import (
     as_run_request,
     decode_header,
     encode_frame,
+    journal_bytes,
     read_frame_bytes,
     run_request,
 )
@@ -42,6 +43,20 @@ def test_a_run_request_survives_the_pipe_with_every_limit() -> None:
     assert "pid" not in read
     live = run_request(code="y", workdir="/w/c1", limits=limits.to_wire(), live_pid=42)
     assert (live["live"], live["pid"]) == (True, 42)
+    # The journal is measured once, where the request is built: the worker and the child read it.
+    assert read["journal_bytes"] == journal_bytes(request["journal"]) > 0
+    assert live["journal_bytes"] == 0
+
+
+@pytest.mark.parametrize("measure", [None, "12", -1, 1.5, True])
+def test_a_run_request_without_its_journals_measure_is_refused(measure: object) -> None:
+    header: dict[str, object] = dict(run_request(code="x", workdir="/w/c1", limits=Limits().to_wire()))
+    if measure is None:
+        del header["journal_bytes"]
+    else:
+        header["journal_bytes"] = measure
+    with pytest.raises(FrameError, match="journal's measure"):
+        as_run_request(header)
 
 
 @pytest.mark.parametrize(

@@ -48,7 +48,6 @@ from app.runtime.protocol import (
     call_digest,
     decode_header,
     encode_frame,
-    journal_bytes,
     limit_label,
     read_frame,
     to_json,
@@ -135,7 +134,7 @@ class Block:
         self._records = 0
         self._dry = dry
         self._journal: Sequence[WireEntry] = request["journal"]
-        self._recorded_bytes = journal_bytes(self._journal)  # what is left is this run's
+        self._recorded_bytes = request["journal_bytes"]  # the replay's (the server measured it)
         self._reserve = reserve
         self._stopping = False
         self._call_lock = threading.Lock()
