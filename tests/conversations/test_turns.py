@@ -314,6 +314,10 @@ async def test_nul_characters_from_the_model_and_the_block_are_stored(
     messages = (await client.get(f"/v1/conversations/{turn['conversation_id']}/messages")).json()
     assert messages["data"][2]["parts"][0]["text"] == "a\x00b\nc\x00d"
     assert messages["data"][3]["parts"][0]["text"] == "done \ufffd here</complete>"
+    # The turn's events keep it too (on PostgreSQL their JSON goes in as text, cast per row).
+    events = (await client.get(f"/v1/conversations/{turn['conversation_id']}/events")).json()["data"]
+    completed = [event["data"] for event in events if event["type"] == "block.completed"]
+    assert completed == [{"status": "ok", "text": "a\x00b\nc\x00d", "files": []}], completed
     # The next turn reads that history back, and ends on the existing conversation's path.
     llm.script(block("print('e\\x00f')"), "ok \x00</complete>")
     follow_up = await client.post(
