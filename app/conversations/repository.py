@@ -35,6 +35,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import defer
 from sqlalchemy.orm.attributes import instance_state, set_committed_value
 
+from app.events.repository import INSERT_GIVEN_EVENTS, EventRepository, event_arrays
 from app.kit.clock import utcnow
 from app.kit.json_body import INT64_MAX, INT64_MIN
 from app.models import ChatLink, Conversation, Event, Message, StoredFile, Turn
@@ -107,21 +108,28 @@ class ConversationRepository:
         return None if row is None else int(row[0])
 
     async def insert_new(
-        self, conversation: Conversation, turn: Turn, messages: Sequence[dict[str, Any]]
+        self,
+        conversation: Conversation,
+        turn: Turn,
+        messages: Sequence[dict[str, Any]],
+        *,
+        events: Sequence[dict[str, Any]],
     ) -> None:
-        """Store a conversation created by this request, its first turn and its messages, all built
-        in memory (never added to the session): on PostgreSQL one statement (the inserts as
-        data-modifying CTEs), elsewhere three. Columns left unset take their defaults."""
+        """Store a conversation created by this request, its first turn, its messages and its
+        events, all built in memory (never added to the session): on PostgreSQL one statement (the
+        inserts as data-modifying CTEs), elsewhere four. Columns left unset take their defaults."""
         conversation_values, turn_values = _column_values(conversation), _column_values(turn)
         if self._postgres:
             params = {f"conversation_{key}": value for key, value in conversation_values.items()}
             params |= {f"turn_{key}": value for key, value in turn_values.items()}
             params |= _message_arrays(messages)
+            params |= event_arrays(events)
             await self.session.execute(_insert_new(tuple(conversation_values), tuple(turn_values)), params)
             return
         await self.session.execute(_INSERT_CONVERSATION, conversation_values)
         await self.session.execute(_INSERT_TURN, turn_values)
         await self.insert_messages(messages)
+        await EventRepository(self.session).append(events)
 
     async def finish(
         self,
@@ -578,8 +586,8 @@ def _finish_postgres(attributes: tuple[str, ...], columns: tuple[str, ...]) -> S
 
 @functools.cache
 def _insert_new(conversation_columns: tuple[str, ...], turn_columns: tuple[str, ...]) -> Insert:
-    """PostgreSQL: a new conversation's, its first turn's and its messages' INSERTs as one
-    statement (foreign keys are checked at its end)."""
+    """PostgreSQL: a new conversation's, its first turn's, its messages' and its events' INSERTs
+    as one statement (foreign keys are checked at its end)."""
     conversation = (
         insert(_CONVERSATIONS)
         .values(
@@ -595,7 +603,10 @@ def _insert_new(conversation_columns: tuple[str, ...], turn_columns: tuple[str, 
         .values({name: bindparam(f"turn_{name}", type_=_TURNS.c[name].type) for name in turn_columns})
         .cte("new_turn")
     )
-    return _INSERT_MESSAGES_GIVEN.add_cte(conversation, turn)
+    # The turn's CTE last: SQLAlchemy fills the Python-side defaults (its usage, warnings, ...)
+    # of the last DML it compiles only (crud.py: one prefetch list per statement), and the turn
+    # is the one that leaves columns to them (test_insert_new_stores_what_was_given... holds it).
+    return _INSERT_MESSAGES_GIVEN.add_cte(INSERT_GIVEN_EVENTS.cte("new_events"), conversation, turn)
 
 
 def _message_arrays(rows: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:

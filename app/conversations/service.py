@@ -14,7 +14,7 @@ import shutil
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -1275,29 +1275,42 @@ class ConversationService:
                 **finished,
             )
 
-        if new:  # neither is stored yet: both rows in full
+        if new:  # neither is stored yet: both rows in full, with the turn's events
             for key, value in stored.items():
                 setattr(conversation, key, value)
             row = whole_turn()
-            await self.repo.insert_new(conversation, row, messages)
-        else:
-            # Checked against the version the turn started from: a turn whose lease lapsed and
-            # was taken over must not overwrite the turn that took over, nor end its own row.
-            ended = await self.repo.finish(
-                conversation,
-                seen_version=conversation.version,
-                values=stored,
-                turn_id=turn_id,
-                finished=finished,
-                messages=messages,
-            )
-            if ended == "stale":
-                raise TurnRunning("The conversation changed while this turn ran; its result was discarded.")
-            if ended == "gone":  # its row went missing meanwhile: stored again, as it ended
-                ended = whole_turn()
-                self.session.add(ended)
-            row = ended
-        # After their conversation's row (the unit of work flushes them at the commit).
+            turn = self.turn_out(row, conversation)  # built in memory: its end event goes in too
+            recorder.emit(_end_type(outcome.status), turn.model_dump(mode="json"))
+            rows = await recorder.take()
+            await self.repo.insert_new(conversation, row, messages, events=rows)
+            self._add_files(conversation, turn_id=turn_id, outcome=outcome, now=now)
+            return turn, rows
+        # Checked against the version the turn started from: a turn whose lease lapsed and was
+        # taken over must not overwrite the turn that took over, nor end its own row.
+        ended = await self.repo.finish(
+            conversation,
+            seen_version=conversation.version,
+            values=stored,
+            turn_id=turn_id,
+            finished=finished,
+            messages=messages,
+        )
+        if ended == "stale":
+            raise TurnRunning("The conversation changed while this turn ran; its result was discarded.")
+        if ended == "gone":  # its row went missing meanwhile: stored again, as it ended
+            ended = whole_turn()
+            self.session.add(ended)
+        self._add_files(conversation, turn_id=turn_id, outcome=outcome, now=now)
+        # The stored row (a cancel request that came meanwhile included) is what its event says.
+        turn = self.turn_out(ended, conversation)
+        recorder.emit(_end_type(outcome.status), turn.model_dump(mode="json"))
+        return turn, await recorder.drain(self.session)
+
+    def _add_files(
+        self, conversation: Conversation, *, turn_id: str, outcome: TurnOutcome, now: datetime
+    ) -> None:
+        """The figures the turn's blocks drew, after their conversation's row (the unit of work
+        flushes them at the commit)."""
         FileRepository(self.session).add_all(
             [
                 StoredFile(
@@ -1316,9 +1329,6 @@ class ConversationService:
                 for file_id, png in zip(part.files, message.images, strict=True)
             ]
         )
-        turn = self.turn_out(row, conversation)
-        recorder.emit(_end_type(outcome.status), turn.model_dump(mode="json"))
-        return turn, await recorder.drain(self.session)
 
     # -- helpers -------------------------------------------------------------------------------
 

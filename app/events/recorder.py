@@ -154,11 +154,17 @@ class TurnRecorder:
         background write still waiting for it could only time out, its events lost to the drain."""
         await self._stop_flusher()
 
+    async def take(self) -> list[dict[str, Any]]:
+        """Stop writing in the background and hand over what is left, for the caller to store in
+        its own statement of the turn's final transaction, commit, then ``publish``."""
+        await self._stop_flusher()
+        batch, self._pending = self._pending, []
+        return batch
+
     async def drain(self, session: AsyncSession) -> list[dict[str, Any]]:
         """Stop writing in the background and add what is left to ``session``'s transaction; the
         caller commits it and then calls ``publish`` with the returned rows."""
-        await self._stop_flusher()
-        batch, self._pending = self._pending, []
+        batch = await self.take()
         await EventRepository(session).append(batch)
         return batch
 

@@ -26,7 +26,7 @@ class EventRepository:
         if not rows:
             return
         if self.session.get_bind().dialect.name == "postgresql":
-            await self.session.execute(_INSERT_GIVEN, _event_arrays(rows))
+            await self.session.execute(INSERT_GIVEN_EVENTS, event_arrays(rows))
         else:
             await self.session.execute(_INSERT, list(rows))
 
@@ -74,14 +74,15 @@ _GIVEN = (
     .table_valued(*_COLUMNS)
     .render_derived(name="given_events")
 )
-_INSERT_GIVEN = insert(_EVENTS).from_select(
+INSERT_GIVEN_EVENTS = insert(_EVENTS).from_select(
     _COLUMNS,
     select(*(cast_(_GIVEN.c[name], JSON) if name == "data" else _GIVEN.c[name] for name in _COLUMNS)),
 )
 
 
-def _event_arrays(rows: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
-    """Events as one list per column for ``_INSERT_GIVEN`` (``data`` as its JSON text)."""
+def event_arrays(rows: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
+    """Events as one list per column (``events_<column>``) for ``INSERT_GIVEN_EVENTS``, alone or
+    as a CTE of a statement that stores more (``data`` as its JSON text)."""
     return {
         f"events_{name}": [json.dumps(row[name]) if name == "data" else row[name] for row in rows]
         for name in _COLUMNS

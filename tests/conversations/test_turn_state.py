@@ -13,6 +13,7 @@ from sqlalchemy import delete
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.conversations.repository import ConversationRepository
+from app.events.repository import EventRepository
 from app.kit.clock import utcnow
 from app.kit.db import create_engine, create_sessionmaker
 from app.kit.ids import new_id
@@ -356,7 +357,20 @@ async def test_insert_new_stores_what_was_given_and_defaults_the_rest(session: A
     conversation.metadata_ = {"team": "a"}
     turn = _turn(conversation.id, status="completed", lease=None)
     messages = [_message(conversation.id, turn.id, 0)]
-    await repo.insert_new(conversation, turn, messages)
+    events = [
+        {
+            "id": f"evt_{index}_{conversation.id}",
+            "conversation_id": conversation.id,
+            "seq": index + 1,
+            "turn_id": turn.id,
+            "parent_id": None if index == 0 else f"evt_0_{conversation.id}",
+            "type": kind,
+            "data": {"text": "a\x00b \U0001f600", "n": index},
+            "created_at": utcnow(),
+        }
+        for index, kind in enumerate(("turn.started", "turn.completed"))
+    ]
+    await repo.insert_new(conversation, turn, messages, events=events)
     assert conversation not in session  # never attached: Core statements
     stored = await repo.get(tenant="t", conversation_id=conversation.id)
     assert stored is not None
@@ -371,5 +385,9 @@ async def test_insert_new_stores_what_was_given_and_defaults_the_rest(session: A
     assert (row.status, row.usage, row.warnings, row.background) == ("completed", {}, [], True)
     assert [(m.id, m.parts) for m in await repo.messages(conversation_id=conversation.id)] == [
         (messages[0]["id"], messages[0]["parts"])
+    ]
+    stored_events = await EventRepository(session).page(conversation_id=conversation.id, after=0, limit=10)
+    assert [(e.id, e.seq, e.parent_id, e.type, e.data) for e in stored_events] == [
+        (e["id"], e["seq"], e["parent_id"], e["type"], e["data"]) for e in events
     ]
     await session.rollback()
