@@ -107,6 +107,25 @@ class ConversationRepository:
         row = (await self.session.execute(_START_TURN, params)).first()
         return None if row is None else int(row[0])
 
+    async def start_turn_reading_history(
+        self, values: Mapping[str, Any], *, seen_version: int, now: datetime
+    ) -> tuple[int, list[tuple[Any, Any]]] | None:
+        """``start_turn``, then ``history``: on PostgreSQL in one statement (the turn's INSERT as
+        a data-modifying CTE the messages are joined to, one round trip fewer for every turn of
+        an existing conversation), elsewhere two. None, with nothing written, when a check failed."""
+        if not self._postgres:
+            last_seq = await self.start_turn(values, seen_version=seen_version, now=now)
+            if last_seq is None:
+                return None
+            return last_seq, await self.history(conversation_id=values["conversation_id"])
+        params = {f"new_{key}": value for key, value in values.items()}
+        params |= {"conversation_id": values["conversation_id"], "seen_version": seen_version, "now": now}
+        rows = (await self.session.execute(_START_TURN_WITH_HISTORY, params)).all()
+        if not rows:  # the INSERT wrote nothing: no row to join the messages to
+            return None
+        # One row per message (seq order), or a single row of NULLs when there is none yet.
+        return int(rows[0][0]), [(row[1], row[2]) for row in rows if row[1] is not None]
+
     async def insert_new(
         self,
         conversation: Conversation,
@@ -511,7 +530,15 @@ _START_TURN = (
             _CONVERSATIONS.c.id == _ID, _CONVERSATIONS.c.version == bindparam("seen_version"), ~_HELD
         ),
     )
-    .returning(_LAST_EVENT_SEQ)
+    .returning(_LAST_EVENT_SEQ.label("last_seq"))
+)
+# PostgreSQL: start_turn and the history in one statement; the messages are read in the snapshot
+# the INSERT checked the conversation's version in (this statement's own).
+_STARTED = _START_TURN.cte("started")
+_START_TURN_WITH_HISTORY = (
+    select(_STARTED.c.last_seq, _MESSAGES.c.role, _MESSAGES.c.parts)
+    .select_from(_STARTED.outerjoin(_MESSAGES, _MESSAGES.c.conversation_id == _ID))
+    .order_by(_MESSAGES.c.seq)
 )
 _INSERT_CONVERSATION = insert(_CONVERSATIONS)
 _INSERT_TURN = insert(_TURNS)

@@ -538,12 +538,16 @@ class ConversationService:
                 if not new and delivery != "wait":
                     next_seq = await self._check_state(conversation, seen_version=seen_version) + 1
                 elif not new:
-                    # Stored as running in the statement that checks the conversation's state.
+                    # Stored as running in the statement that checks the conversation's state, and
+                    # (PostgreSQL) reads its history.
                     values = self._turn_values(conversation, turn_id=turn_id, status="running")
-                    last_seq = await self.repo.start_turn(values, seen_version=seen_version, now=utcnow())
-                    if last_seq is None:  # which check failed, and how to say it
+                    stored = await self.repo.start_turn_reading_history(
+                        values, seen_version=seen_version, now=utcnow()
+                    )
+                    if stored is None:  # which check failed, and how to say it
                         await self._check_state(conversation, seen_version=seen_version)
                         raise TurnRunning("Another turn took this conversation first; retry when it ended.")
+                    last_seq, history = stored
                     next_seq = last_seq + 1
                 if delivery != "wait":
                     turn = await self._start_detached(
@@ -570,8 +574,6 @@ class ConversationService:
                     flush_interval=self.settings.events_flush_seconds,
                 )
                 _record_start(recorder, turn_id=turn_id, new_messages=new_messages, resume=resume)
-                if not new:
-                    history = await self.repo.history(conversation_id=conversation.id)
                 # Phase 1 ends: release the connection while the model and the sandbox work (a new
                 # conversation wrote nothing yet, but the request may have read, e.g. its API key).
                 await self.session.commit()

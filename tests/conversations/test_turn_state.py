@@ -271,6 +271,41 @@ async def test_start_turn_checks_and_writes_in_one_statement(session: AsyncSessi
     await session.rollback()
 
 
+async def test_start_turn_reading_history_checks_writes_and_reads(session: AsyncSession) -> None:
+    """The same checks as ``start_turn`` (on PostgreSQL in the statement that also reads the
+    history): nothing written and no history when one fails; else the last event seq and the
+    messages in order, or none for a conversation that has none yet."""
+    repo = ConversationRepository(session)
+    conversation = conversation_row("t", version=3)
+    session.add(conversation)
+    await session.flush()
+    empty = _running_values(conversation.id, version=3)
+    assert await repo.start_turn_reading_history(empty, seen_version=3, now=utcnow()) == (0, [])
+    await session.execute(delete(Turn).where(Turn.id == empty["id"]))
+    earlier = _turn(conversation.id, status="completed", lease=None)
+    session.add(earlier)
+    session.add(_event(conversation.id, seq=7))
+    await session.flush()
+    messages = [_message(conversation.id, earlier.id, seq) for seq in (2, 0, 1)]
+    await repo.insert_messages(messages)
+
+    stale = _running_values(conversation.id, version=2)
+    assert await repo.start_turn_reading_history(stale, seen_version=2, now=utcnow()) is None
+    assert await session.get(Turn, stale["id"]) is None
+    values = _running_values(conversation.id, version=3)
+    started = await repo.start_turn_reading_history(values, seen_version=3, now=utcnow())
+    assert started is not None
+    last_seq, history = started
+    assert last_seq == 7
+    ordered = sorted(messages, key=lambda m: int(str(m["seq"])))
+    assert history == [(m["role"], m["parts"]) for m in ordered]
+    assert await session.get(Turn, values["id"]) is not None
+    # It holds the conversation now: another start is refused, and reads nothing.
+    second = _running_values(conversation.id, version=3)
+    assert await repo.start_turn_reading_history(second, seen_version=3, now=utcnow()) is None
+    await session.rollback()
+
+
 def _message(conversation_id: str, turn_id: str, seq: int) -> dict[str, object]:
     return {
         "id": new_id("msg"),
