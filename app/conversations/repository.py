@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -11,13 +10,11 @@ from datetime import datetime
 from typing import Any, Literal, cast
 
 from sqlalchemy import (
-    JSON,
     BindParameter,
     ColumnElement,
     Insert,
     Select,
     Table,
-    Text,
     Update,
     and_,
     bindparam,
@@ -29,14 +26,13 @@ from sqlalchemy import (
     true,
     update,
 )
-from sqlalchemy import cast as cast_
-from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import defer
 from sqlalchemy.orm.attributes import instance_state, set_committed_value
 
 from app.events.repository import INSERT_GIVEN_EVENTS, EventRepository, event_arrays
 from app.kit.clock import utcnow
+from app.kit.given_rows import given_rows, row_arrays
 from app.kit.json_body import INT64_MAX, INT64_MIN
 from app.models import ChatLink, Conversation, Event, Message, StoredFile, Turn
 
@@ -543,26 +539,10 @@ _START_TURN_WITH_HISTORY = (
 _INSERT_CONVERSATION = insert(_CONVERSATIONS)
 _INSERT_TURN = insert(_TURNS)
 _INSERT_MESSAGE = insert(_MESSAGES)
-# PostgreSQL: messages given as one array per column (unnest), so they go into a statement with
-# others. Not one JSON array: reading a JSON document into columns unescapes every string in it,
-# and a NUL character that a block printed (a \u0000 escape, which a json column keeps) fails that.
+# PostgreSQL: messages given as one array per column (``app.kit.given_rows``), so they go into a
+# statement with others.
 _MESSAGE_COLUMNS = [column.name for column in _MESSAGES.columns]
-_GIVEN_MESSAGES = (
-    func.unnest(
-        *(
-            bindparam(f"messages_{name}", type_=ARRAY(Text if name == "parts" else _MESSAGES.c[name].type))
-            for name in _MESSAGE_COLUMNS
-        )
-    )
-    .table_valued(*_MESSAGE_COLUMNS)
-    .render_derived(name="given_messages")
-)
-_SELECT_GIVEN_MESSAGES = select(
-    *(
-        cast_(_GIVEN_MESSAGES.c[name], JSON) if name == "parts" else _GIVEN_MESSAGES.c[name]
-        for name in _MESSAGE_COLUMNS
-    )
-)
+_SELECT_GIVEN_MESSAGES = given_rows(_MESSAGES, prefix="messages", json_column="parts")
 _INSERT_MESSAGES_GIVEN = insert(_MESSAGES).from_select(_MESSAGE_COLUMNS, _SELECT_GIVEN_MESSAGES)
 _HISTORY = (
     select(_MESSAGES.c.role, _MESSAGES.c.parts)
@@ -637,11 +617,8 @@ def _insert_new(conversation_columns: tuple[str, ...], turn_columns: tuple[str, 
 
 
 def _message_arrays(rows: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
-    """Messages as one list per column for ``_GIVEN_MESSAGES`` (parts as their JSON text)."""
-    return {
-        f"messages_{name}": [json.dumps(row[name]) if name == "parts" else row[name] for row in rows]
-        for name in _MESSAGE_COLUMNS
-    }
+    """Messages as one list per column for ``_SELECT_GIVEN_MESSAGES`` (parts as their JSON text)."""
+    return row_arrays(rows, _MESSAGES, prefix="messages", json_column="parts")
 
 
 @functools.cache

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any, cast
 
-from sqlalchemy import JSON, Table, Text, bindparam, func, insert, select
-from sqlalchemy import cast as cast_
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy import Table, func, insert, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app.kit.given_rows import given_rows, row_arrays
 from app.models import Event
 
 
@@ -62,28 +60,12 @@ class EventRepository:
 _INSERT = insert(cast(Table, Event.__table__))
 _EVENTS = cast(Table, Event.__table__)
 _COLUMNS = [column.name for column in _EVENTS.columns]
-# As the conversations' messages (``_GIVEN_MESSAGES``): ``data`` travels as JSON text, cast back
-# (reading one JSON document into columns would unescape a NUL that a block printed, and fail).
-_GIVEN = (
-    func.unnest(
-        *(
-            bindparam(f"events_{name}", type_=ARRAY(Text if name == "data" else _EVENTS.c[name].type))
-            for name in _COLUMNS
-        )
-    )
-    .table_valued(*_COLUMNS)
-    .render_derived(name="given_events")
-)
 INSERT_GIVEN_EVENTS = insert(_EVENTS).from_select(
-    _COLUMNS,
-    select(*(cast_(_GIVEN.c[name], JSON) if name == "data" else _GIVEN.c[name] for name in _COLUMNS)),
+    _COLUMNS, given_rows(_EVENTS, prefix="events", json_column="data")
 )
 
 
 def event_arrays(rows: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
     """Events as one list per column (``events_<column>``) for ``INSERT_GIVEN_EVENTS``, alone or
     as a CTE of a statement that stores more (``data`` as its JSON text)."""
-    return {
-        f"events_{name}": [json.dumps(row[name]) if name == "data" else row[name] for row in rows]
-        for name in _COLUMNS
-    }
+    return row_arrays(rows, _EVENTS, prefix="events", json_column="data")

@@ -400,14 +400,10 @@ class Block:
             )
             if found is None:
                 line, code = self._call_site(depth=3)
-                self.stop(
-                    "error",
-                    error=(
-                        f"ReplayDivergenceError: parallel(...) at line {line}: {code or ''} calls "
-                        f"{name}({short_args(args, kwargs)}), which the journal did not record "
-                        f"among the {min(left, size)} calls it holds for this batch. A block must "
-                        "make the same calls, with the same arguments, when it runs again."
-                    ),
+                self._replay_diverged(
+                    f"parallel(...) at line {line}: {code or ''} calls {name}({short_args(args, kwargs)}), "
+                    f"which the journal did not record among the {min(left, size)} calls it holds for "
+                    "this batch."
                 )
             entry = group[found]
             assert entry is not None
@@ -441,13 +437,18 @@ class Block:
         self, entry: Sequence[Any], name: str, args: list[Any], kwargs: dict[str, Any], digest: str
     ) -> NoReturn:
         line, code = self._call_site(depth=4)
+        self._replay_diverged(
+            f"call #{self.replayed + 1} of the block is {name}({short_args(args, kwargs)}) at line "
+            f"{line}: {code or ''}; the journal recorded a call to {entry[0]} (digest "
+            f"{str(entry[1])[:12]}, this call {digest[:12]})."
+        )
+
+    def _replay_diverged(self, what: str) -> NoReturn:
+        """End the block: on replay it made a call its journal does not hold (``what``)."""
         self.stop(
             "error",
             error=(
-                f"ReplayDivergenceError: call #{self.replayed + 1} of the block is "
-                f"{name}({short_args(args, kwargs)}) at line {line}: {code or ''}; the journal "
-                f"recorded a call to {entry[0]} (digest {str(entry[1])[:12]}, this "
-                f"call {digest[:12]}). A block must make the same calls, with the same "
+                f"ReplayDivergenceError: {what} A block must make the same calls, with the same "
                 "arguments, when it runs again."
             ),
         )
