@@ -6,14 +6,19 @@ the turn's request to the model could not be sent (found by the attacker pass)."
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from sqlalchemy import text
 
-from app.kit.db import create_engine
+from app.kit.db import create_engine, create_sessionmaker
 from app.kit.errors import Unprocessable
 from app.kit.json_body import loads
+from app.kit.migrate import upgrade
 from app.llm.scripted import ScriptedLLM
 from tests.conftest import AppFactory
+from tests.conversations.rows import conversation_row
 
 JSON = {"content-type": "application/json"}
 
@@ -171,3 +176,55 @@ async def test_rows_stored_before_the_refusal_are_served_mended(
         assert turn.status_code == 200, turn.text
         assert turn.json()["status"] == "completed", turn.json()
         assert "hi \ufffd" in str(llm.requests[-1])
+        # Gone with it: the session's store is shared, and its other tests list this tenant.
+        assert (await client.delete(f"/v1/conversations/{conv}")).status_code == 204
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def fresh_store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A store of this test's own (the migration rewrites rows: not the session's shared one);
+    SQLite's is not migrated yet."""
+    if request.param == "postgres":
+        return "postgresql+asyncpg://" + str(request.getfixturevalue("own_postgres_url")).split("://", 1)[1]
+    return f"sqlite+aiosqlite:///{tmp_path / 'store.db'}"
+
+
+async def test_the_migration_mends_stored_metadata(fresh_store: str) -> None:
+    """On PostgreSQL a stored lone surrogate in metadata failed every listing of the tenant with a
+    metadata filter inside the query itself (its JSON operators refuse the escape), where no
+    mending on read reaches: migration 0008 mends the rows (U+FFFD; a pair stays)."""
+    url = fresh_store
+    postgres = url.startswith("postgresql")
+    await upgrade(url)
+    engine = create_engine(url)
+    rows = conversation_row("t"), conversation_row("t")
+    try:
+        async with create_sessionmaker(engine)() as session:
+            session.add_all(rows)
+            await session.commit()
+        async with engine.begin() as connection:
+            stored = ['{"k": "a\\ud800b", "\\udc00": "\\ud83d\\ude00"}', '{"k": "\\ud83d\\ude00 fine"}']
+            for row, metadata in zip(rows, stored, strict=True):
+                await connection.execute(
+                    text("UPDATE conversations SET metadata = :metadata WHERE id = :id"),
+                    {"metadata": metadata, "id": row.id},
+                )
+            await connection.execute(text("UPDATE alembic_version SET version_num = '0007'"))
+        await upgrade(url)
+        async with engine.connect() as connection:
+            raw = dict(
+                (await connection.execute(text("SELECT id, metadata FROM conversations ORDER BY id"))).all()
+            )
+            found = (await connection.execute(text("SELECT version_num FROM alembic_version"))).scalar_one()
+        assert found == "0008"
+        values = {key: json.loads(value) if isinstance(value, str) else value for key, value in raw.items()}
+        assert values[rows[0].id] == {"k": "a\ufffdb", "\ufffd": "\U0001f600"}
+        assert values[rows[1].id] == {"k": "\U0001f600 fine"}
+        if postgres:  # what failed: the metadata filter of a listing, in the query
+            async with engine.connect() as connection:
+                matched = await connection.execute(
+                    text("SELECT id FROM conversations WHERE metadata ->> 'k' = :k"), {"k": "a\ufffdb"}
+                )
+                assert [row[0] for row in matched] == [rows[0].id]
+    finally:
+        await engine.dispose()
