@@ -57,8 +57,8 @@ class EventRepository:
 
 
 # Built once, on the table (the ORM's bulk path would split a batch by its None columns).
-_INSERT = insert(cast(Table, Event.__table__))
 _EVENTS = cast(Table, Event.__table__)
+_INSERT = insert(_EVENTS)
 _COLUMNS = [column.name for column in _EVENTS.columns]
 INSERT_GIVEN_EVENTS = insert(_EVENTS).from_select(
     _COLUMNS, given_rows(_EVENTS, prefix="events", json_column="data")

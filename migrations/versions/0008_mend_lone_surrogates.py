@@ -27,6 +27,8 @@ _LONE = re.compile("[\ud800-\udfff]")  # a pair is decoded into one code point: 
 
 
 def _mended(value: Any) -> Any:
+    # app.kit.json_body mends on read the same way; a migration keeps its own copy, as it must
+    # run the same whatever the application's code becomes.
     if isinstance(value, str):
         return _LONE.sub("\ufffd", value)
     if isinstance(value, dict):

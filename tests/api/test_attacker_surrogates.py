@@ -210,7 +210,7 @@ async def test_the_migration_mends_stored_metadata(fresh_store: str) -> None:
                     {"metadata": metadata, "id": row.id},
                 )
             await connection.execute(text("UPDATE alembic_version SET version_num = '0007'"))
-        await upgrade(url)
+        await upgrade(url, revision="0008")
         async with engine.connect() as connection:
             raw = dict(
                 (await connection.execute(text("SELECT id, metadata FROM conversations ORDER BY id"))).all()

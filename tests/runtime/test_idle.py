@@ -14,6 +14,7 @@ import pytest
 import pytest_asyncio
 
 from app.runtime import Limits, RuntimePool
+from bench.fork_bench import roles_below
 from tests.runtime.support import BACKENDS, run, started_pool
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -26,36 +27,9 @@ async def pool(request: pytest.FixtureRequest, workspaces: Path) -> AsyncIterato
         yield started
 
 
-def _children(pid: int) -> list[int]:
-    found: list[int] = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as listing:
-            found += [int(child) for child in listing.read().split()]
-    return found
-
-
-def _zygote_family(pid: int) -> bool:
-    """Whether ``pid`` is the sandbox's Python (the zygote or a fork of it), not bubblewrap."""
-    with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-        argv = cmdline.read().split(b"\0")
-    return b"--zygote" in argv and not argv[0].endswith(b"bwrap")
-
-
 def _workers() -> list[int]:
-    """The sandbox workers below this process: the zygotes' children (their children: blocks)."""
-    workers, pending = [], _children(os.getpid())
-    while pending:
-        pid = pending.pop()
-        try:
-            with open(f"/proc/{pid}/stat") as stat:
-                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
-            if _zygote_family(pid) and _zygote_family(parent):
-                workers.append(pid)
-                continue
-            pending.extend(_children(pid))
-        except OSError:
-            continue
-    return workers
+    """The sandbox workers below this process (the zygotes' children), as the bench tells them."""
+    return [pid for pid, role in roles_below(os.getpid()).items() if role == "workers"]
 
 
 def _switches(pid: int) -> int:

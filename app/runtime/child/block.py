@@ -460,7 +460,8 @@ class Block:
         the call of a ``parallel`` batch is deferred (it waits for the caller with the batch)."""
         assert self._in is not None
         # The wall clock stops while the parent works on the call (an LLM call may be slow, a
-        # parked block waits for its resume); the caller holds signals over it (``_held``).
+        # parked block waits for its resume); the caller holds signals over it (``hold_signals``, let go
+        # after its call lock).
         remaining, _ = signal.setitimer(signal.ITIMER_REAL, 0)
         with contextlib.suppress(OSError):
             self._output.flush()  # what was printed before the call comes before its effects
