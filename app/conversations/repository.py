@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -10,14 +11,17 @@ from datetime import datetime
 from typing import Any, Literal, cast
 
 from sqlalchemy import (
+    JSON,
     BindParameter,
     ColumnElement,
     Insert,
     Select,
     Table,
+    Text,
     Update,
     and_,
     bindparam,
+    case,
     delete,
     func,
     insert,
@@ -26,11 +30,19 @@ from sqlalchemy import (
     true,
     update,
 )
+from sqlalchemy import cast as sql_cast
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import defer
 from sqlalchemy.orm.attributes import instance_state, set_committed_value
 
-from app.events.repository import INSERT_GIVEN_EVENTS, EventRepository, event_arrays
+from app.events.repository import (
+    EVENT_COLUMNS,
+    EVENTS_TABLE,
+    INSERT_GIVEN_EVENTS,
+    SELECT_GIVEN_EVENTS,
+    EventRepository,
+    event_arrays,
+)
 from app.kit.clock import utcnow
 from app.kit.given_rows import given_rows, row_arrays
 from app.kit.json_body import INT64_MAX, INT64_MIN
@@ -155,14 +167,22 @@ class ConversationRepository:
         turn_id: str,
         finished: Mapping[str, Any],
         messages: Sequence[dict[str, Any]],
+        events: Sequence[dict[str, Any]] = (),
+        cancelled_end: dict[str, Any] | None = None,
     ) -> Turn | Literal["stale", "gone"]:
         """Store a turn's outcome: on its conversation ``values`` (by attribute), on its turn
-        ``finished`` (by column), and its new ``messages``, if the conversation is still at
-        ``seen_version``. On PostgreSQL in one statement (data-modifying CTEs), elsewhere three.
+        ``finished`` (by column), its new ``messages`` and its last ``events`` (its end event
+        last), if the conversation is still at ``seen_version``. On PostgreSQL in one statement
+        (data-modifying CTEs), elsewhere four.
+
+        The end event says whether the turn was asked to cancel, which only the stored row knows
+        (a request may come while the turn runs): ``cancelled_end`` is its data should the row
+        carry one, and the row decides which of the two is stored.
 
         The turn's row as stored (a cancel request that came meanwhile included); ``"stale"``
         when another turn changed the conversation first (its lease had lapsed: the caller rolls
-        back); ``"gone"`` when the conversation was written but the turn's row is missing. The
+        back); ``"gone"`` when the conversation was written but the turn's row is missing (its
+        events are then not stored: the caller stores them with the row it makes again). The
         loaded object then holds ``values`` as stored, not dirty."""
         values = {"updated_at": utcnow(), **values}  # not left to the column's onupdate: in a CTE it is NULL
         conversation_params = {f"conversation_{key}": value for key, value in values.items()}
@@ -172,6 +192,10 @@ class ConversationRepository:
         if self._postgres:
             statement = _finish_postgres(tuple(values), tuple(finished))
             params = {**conversation_params, **turn_params, **_message_arrays(messages)}
+            params |= event_arrays(events)
+            # No other data for the end event: it is stored as given, whatever the row says.
+            end_id = events[-1]["id"] if events and cancelled_end is not None else None
+            params |= {"end_event_id": end_id, "end_event_cancelled": json.dumps(cancelled_end)}
             ended = (await self.session.execute(statement, params)).one_or_none()
             if ended is None:  # no conversation row was written
                 return "stale"
@@ -182,6 +206,10 @@ class ConversationRepository:
                 return "stale"
             row = (await self.session.execute(_finish_turn(tuple(finished)), turn_params)).one_or_none()
             await self.insert_messages(messages)
+            if row is not None and events:
+                if row.cancel_requested_at is not None and cancelled_end is not None:
+                    events = [*events[:-1], {**events[-1], "data": cancelled_end}]
+                await EventRepository(self.session).append(events)
         for key, value in values.items():
             set_committed_value(conversation, key, value)
         return "gone" if row is None else Turn(**row._asdict())
@@ -583,11 +611,22 @@ def _finish_postgres(attributes: tuple[str, ...], columns: tuple[str, ...]) -> S
     turn = _finish_turn(columns).where(written).cte("ended_turn")
     # Only then the messages too: a stale turn's would collide with those of the turn that took over.
     messages = insert(_MESSAGES).from_select(_MESSAGE_COLUMNS, _SELECT_GIVEN_MESSAGES.where(written))
+    # The events only with the turn's row (joined to it: none when it is gone), the end event's
+    # data as the row says (``cancelled_end``).
+    given = SELECT_GIVEN_EVENTS.subquery("given_events_rows")
+    cancelled = and_(given.c.id == bindparam("end_event_id"), turn.c.cancel_requested_at.is_not(None))
+    data = case((cancelled, sql_cast(bindparam("end_event_cancelled", type_=Text), JSON)), else_=given.c.data)
+    events = insert(EVENTS_TABLE).from_select(
+        EVENT_COLUMNS,
+        select(*(data if name == "data" else given.c[name] for name in EVENT_COLUMNS)).select_from(
+            given.join(turn, true())
+        ),
+    )
     # No row: the conversation was not written; a row of NULLs: the turn's row is gone.
     return (
         select(*turn.c)
         .select_from(conversation.outerjoin(turn, true()))
-        .add_cte(messages.cte("new_messages"))
+        .add_cte(messages.cte("new_messages"), events.cte("new_events"))
     )
 
 

@@ -37,6 +37,7 @@ from app.files.repository import FileRepository
 from app.helpers import HELPERS, Usage
 from app.kit import periodic, tracing
 from app.kit.clock import utcnow
+from app.kit.db import single_statement
 from app.kit.errors import Conflict, Gone, NotFound, PayloadTooLarge, PreconditionFailed, Unprocessable
 from app.kit.idempotency import Idempotency
 from app.kit.ids import new_id
@@ -530,6 +531,7 @@ class ConversationService:
                 )
         detached = False
         recorder: TurnRecorder | None = None
+        started_row: Turn | None = None  # the turn's row as it was stored when it started
         try:
             history: list[StoredMessage] = []
             next_seq = 1
@@ -549,6 +551,7 @@ class ConversationService:
                         raise TurnRunning("Another turn took this conversation first; retry when it ended.")
                     last_seq, history = stored
                     next_seq = last_seq + 1
+                    started_row = Turn(**values)
                 if delivery != "wait":
                     turn = await self._start_detached(
                         conversation,
@@ -588,7 +591,13 @@ class ConversationService:
             )
             with tracing.span("turn.persist"):
                 turn, rows = await self._persist(
-                    conversation, turn_id=turn_id, outcome=outcome, recorder=recorder, new=new
+                    conversation,
+                    turn_id=turn_id,
+                    outcome=outcome,
+                    recorder=recorder,
+                    new=new,
+                    started=started_row,
+                    alone=idempotency is None and self.on_stored is None,
                 )
                 if idempotency is not None:
                     await idempotency.complete(
@@ -868,7 +877,7 @@ class ConversationService:
             )
             try:
                 turn, rows = await self._persist(
-                    conversation, turn_id=turn_id, outcome=outcome, recorder=recorder
+                    conversation, turn_id=turn_id, outcome=outcome, recorder=recorder, started=row, alone=True
                 )
                 await self.session.commit()
             except TurnRunning:
@@ -1045,8 +1054,12 @@ class ConversationService:
 
     def turn_out(self, row: Turn, conversation: Conversation) -> schemas.TurnOut:
         """A stored turn as the API shows it (its pending calls while the conversation waits on them)."""
+        return self._turn_out(row, version=conversation.version, paused=conversation.paused)
+
+    def _turn_out(self, row: Turn, *, version: int, paused: dict[str, Any] | None) -> schemas.TurnOut:
+        """``turn_out`` of a conversation at ``version`` whose pause record is ``paused``."""
         usage = row.usage or {}
-        waiting = row.status == "awaiting_tool_results" and conversation.version == row.version
+        waiting = row.status == "awaiting_tool_results" and version == row.version
         return schemas.TurnOut(
             conversation_id=row.conversation_id,
             turn_id=row.id,
@@ -1056,9 +1069,7 @@ class ConversationService:
             usage=Usage.model_validate(usage),
             version=row.version,
             warnings=list(row.warnings or []),
-            pending_tool_calls=_pending_out(self._paused(conversation))
-            if waiting and conversation.paused
-            else [],
+            pending_tool_calls=_pending_out(_paused_record(paused)) if waiting and paused else [],
             background=row.background,
             cancel_requested=row.cancel_requested_at is not None,
             created_at=row.created_at,
@@ -1218,10 +1229,15 @@ class ConversationService:
         outcome: TurnOutcome,
         recorder: TurnRecorder,
         new: bool = False,
+        started: Turn | None = None,
+        alone: bool = False,
     ) -> tuple[schemas.TurnOut, list[dict[str, Any]]]:
         """Phase 3: messages, the turn, the snapshot, totals and the turn's last events (its end
         event included), in the session's transaction; the event rows to publish once committed.
-        ``new``: the first turn of a conversation created by this request (neither is stored yet)."""
+        ``new``: the first turn of a conversation created by this request (neither is stored yet);
+        else ``started``: the turn's row as it was stored when it started. ``alone``: the caller
+        writes nothing more before it commits, so a unit of one statement needs no transaction
+        of its own (``single_statement``)."""
         await recorder.stop_writing()  # before this transaction takes the store's write lock
         now = utcnow()
         seq = conversation.next_seq
@@ -1277,6 +1293,9 @@ class ConversationService:
                 **finished,
             )
 
+        files = self._files(conversation, turn_id=turn_id, outcome=outcome, now=now)
+        if alone and not files:
+            await single_statement(self.session)
         if new:  # neither is stored yet: both rows in full, with the turn's events
             for key, value in stored.items():
                 setattr(conversation, key, value)
@@ -1285,8 +1304,25 @@ class ConversationService:
             recorder.emit(_end_type(outcome.status), turn.model_dump(mode="json"))
             rows = await recorder.take()
             await self.repo.insert_new(conversation, row, messages, events=rows)
-            self._add_files(conversation, turn_id=turn_id, outcome=outcome, now=now)
+            FileRepository(self.session).add_all(files)  # after their conversation's row (at the commit)
             return turn, rows
+        # The turn as it ends, unless a cancel request came meanwhile (only its row knows): its
+        # end event goes into the statement that stores the outcome, in both versions.
+        assert started is not None, "a turn of a stored conversation was stored when it started"
+        expected = Turn(
+            id=turn_id,
+            conversation_id=conversation.id,
+            background=started.background,
+            request=None,
+            cancel_requested_at=None,
+            created_at=started.created_at,
+            started_at=started.started_at,
+            **finished,
+        )
+        turn = self._turn_out(expected, version=version, paused=stored["paused"])
+        recorder.emit(_end_type(outcome.status), turn.model_dump(mode="json"))
+        rows = await recorder.take()
+        cancelled = turn.model_copy(update={"cancel_requested": True}).model_dump(mode="json")
         # Checked against the version the turn started from: a turn whose lease lapsed and was
         # taken over must not overwrite the turn that took over, nor end its own row.
         ended = await self.repo.finish(
@@ -1296,53 +1332,50 @@ class ConversationService:
             turn_id=turn_id,
             finished=finished,
             messages=messages,
+            events=rows,
+            cancelled_end=cancelled,
         )
         if ended == "stale":
             raise TurnRunning("The conversation changed while this turn ran; its result was discarded.")
-        if ended == "gone":  # its row went missing meanwhile: stored again, as it ended
+        if ended == "gone":  # its row went missing meanwhile: stored again, as it ended, then its events
             ended = whole_turn()
             self.session.add(ended)
-        self._add_files(conversation, turn_id=turn_id, outcome=outcome, now=now)
-        # The stored row (a cancel request that came meanwhile included) is what its event says.
-        turn = self.turn_out(ended, conversation)
-        recorder.emit(_end_type(outcome.status), turn.model_dump(mode="json"))
-        return turn, await recorder.drain(self.session)
+            turn = self.turn_out(ended, conversation)
+            rows[-1] = {**rows[-1], "data": turn.model_dump(mode="json")}
+            await EventRepository(self.session).append(rows)
+        elif ended.cancel_requested_at is not None:  # stored with the end event that says so
+            turn = self.turn_out(ended, conversation)
+            rows[-1] = {**rows[-1], "data": cancelled}
+        FileRepository(self.session).add_all(files)
+        return turn, rows
 
-    def _add_files(
-        self, conversation: Conversation, *, turn_id: str, outcome: TurnOutcome, now: datetime
-    ) -> None:
-        """The figures the turn's blocks drew, after their conversation's row (the unit of work
-        flushes them at the commit)."""
-        FileRepository(self.session).add_all(
-            [
-                StoredFile(
-                    id=file_id,
-                    tenant=conversation.tenant,
-                    conversation_id=conversation.id,
-                    turn_id=turn_id,
-                    content_type="image/png",
-                    size=len(png),
-                    data=png,
-                    created_at=now,
-                )
-                for message in outcome.messages
-                for part in message.parts
-                if isinstance(part, HelpersResultPart)
-                for file_id, png in zip(part.files, message.images, strict=True)
-            ]
-        )
+    @staticmethod
+    def _files(
+        conversation: Conversation, *, turn_id: str, outcome: TurnOutcome, now: datetime
+    ) -> list[StoredFile]:
+        """The figures the turn's blocks drew, as rows to store."""
+        return [
+            StoredFile(
+                id=file_id,
+                tenant=conversation.tenant,
+                conversation_id=conversation.id,
+                turn_id=turn_id,
+                content_type="image/png",
+                size=len(png),
+                data=png,
+                created_at=now,
+            )
+            for message in outcome.messages
+            for part in message.parts
+            if isinstance(part, HelpersResultPart)
+            for file_id, png in zip(part.files, message.images, strict=True)
+        ]
 
     # -- helpers -------------------------------------------------------------------------------
 
     def _paused(self, conversation: Conversation) -> PausedBlock:
         """The stored pause record; one written by an unknown version is refused, not guessed at."""
-        try:
-            return PausedBlock.from_store(conversation.paused or {})
-        except ValidationError as exc:
-            raise Conflict(
-                "The paused turn of this conversation was stored by an incompatible version of SABRE "
-                "and cannot be resumed; send a new message after deleting it.",
-            ) from exc
+        return _paused_record(conversation.paused)
 
     def _registry(
         self, persona: Persona, conversation: Conversation
@@ -1443,6 +1476,17 @@ def _error_json(error: TurnError | None) -> dict[str, Any] | None:
     if error is None:
         return None
     return {"code": error.code, "message": error.message, "retryable": error.retryable}
+
+
+def _paused_record(paused: dict[str, Any] | None) -> PausedBlock:
+    """A stored pause record; one written by an unknown version is refused, not guessed at."""
+    try:
+        return PausedBlock.from_store(paused or {})
+    except ValidationError as exc:
+        raise Conflict(
+            "The paused turn of this conversation was stored by an incompatible version of SABRE "
+            "and cannot be resumed; send a new message after deleting it.",
+        ) from exc
 
 
 def _end_type(status: str) -> EventType:

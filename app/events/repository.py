@@ -57,15 +57,15 @@ class EventRepository:
 
 
 # Built once, on the table (the ORM's bulk path would split a batch by its None columns).
-_EVENTS = cast(Table, Event.__table__)
-_INSERT = insert(_EVENTS)
-_COLUMNS = [column.name for column in _EVENTS.columns]
-INSERT_GIVEN_EVENTS = insert(_EVENTS).from_select(
-    _COLUMNS, given_rows(_EVENTS, prefix="events", json_column="data")
-)
+EVENTS_TABLE = cast(Table, Event.__table__)
+EVENT_COLUMNS = [column.name for column in EVENTS_TABLE.columns]
+_INSERT = insert(EVENTS_TABLE)
+# The rows of ``event_arrays``, and their INSERT (a statement of its own, or a CTE of one).
+SELECT_GIVEN_EVENTS = given_rows(EVENTS_TABLE, prefix="events", json_column="data")
+INSERT_GIVEN_EVENTS = insert(EVENTS_TABLE).from_select(EVENT_COLUMNS, SELECT_GIVEN_EVENTS)
 
 
 def event_arrays(rows: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
     """Events as one list per column (``events_<column>``) for ``INSERT_GIVEN_EVENTS``, alone or
     as a CTE of a statement that stores more (``data`` as its JSON text)."""
-    return row_arrays(rows, _EVENTS, prefix="events", json_column="data")
+    return row_arrays(rows, EVENTS_TABLE, prefix="events", json_column="data")

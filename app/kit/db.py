@@ -139,6 +139,19 @@ async def get_session(request: Request) -> AsyncIterator[AsyncSession]:
 Session = Annotated[AsyncSession, Depends(get_session, scope="function")]
 
 
+async def single_statement(session: AsyncSession) -> None:
+    """The session's unit of work is its next statement alone: on PostgreSQL that statement runs
+    as its own transaction, without the ``BEGIN`` and the ``COMMIT`` round trips (two of such a
+    unit's three), and the session's commit then has nothing left to do.
+
+    The caller must write nothing else before the session commits: a second statement would be
+    a transaction of its own too. Nothing changes on SQLite (its ``BEGIN`` is no round trip) or
+    once the session's transaction has begun (a read before the write: it stays one unit)."""
+    if session.in_transaction() or session.get_bind().dialect.name != "postgresql":
+        return
+    await session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+
+
 def store_location(url: str) -> str:
     """Where ``url`` points, safe to print: driver, user, host, port and database, no password."""
     try:

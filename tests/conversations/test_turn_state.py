@@ -426,3 +426,96 @@ async def test_insert_new_stores_what_was_given_and_defaults_the_rest(session: A
         (e["id"], e["seq"], e["parent_id"], e["type"], e["data"]) for e in events
     ]
     await session.rollback()
+
+
+def _turn_events(conversation_id: str, turn_id: str) -> list[dict[str, object]]:
+    """A turn's last events as the service hands them to ``finish``: its end event last."""
+    return [
+        {
+            "id": new_id("evt"),
+            "conversation_id": conversation_id,
+            "seq": 10 + index,
+            "turn_id": turn_id,
+            "parent_id": None,
+            "type": kind,
+            "data": {"text": "a\x00b \U0001f600", "cancel_requested": False, "n": index},
+            "created_at": utcnow(),
+        }
+        for index, kind in enumerate(("block.completed", "turn.completed"))
+    ]
+
+
+async def _stored_events(session: AsyncSession, conversation_id: str) -> list[tuple[object, ...]]:
+    found = await EventRepository(session).page(conversation_id=conversation_id, after=0, limit=10)
+    return [(e.id, e.seq, e.type, e.data) for e in found]
+
+
+async def test_finish_stores_the_turns_events_with_the_end_event_its_row_calls_for(
+    session: AsyncSession,
+) -> None:
+    """The turn's last events go with its outcome: as given, unless the row carries a cancel
+    request that came while the turn ran (the service cannot know it before the statement), when
+    the end event is stored with the data given for that case. A stale outcome stores no event,
+    and neither does one whose turn row is gone (the service stores them with the row it makes)."""
+    repo = ConversationRepository(session)
+    finished = {"status": "completed", "output": "done", "version": 4}
+
+    async def running(*, cancel: bool) -> tuple[object, Turn]:
+        conversation = conversation_row("t", version=3)
+        session.add(conversation)
+        turn = _turn(conversation.id, status="running", lease=timedelta(seconds=30))
+        turn.cancel_requested_at = utcnow() if cancel else None
+        session.add(turn)
+        await session.flush()
+        return conversation, turn
+
+    for cancel in (False, True):
+        conversation, turn = await running(cancel=cancel)
+        events = _turn_events(conversation.id, turn.id)
+        cancelled = {**events[-1]["data"], "cancel_requested": True}  # type: ignore[dict-item]
+        row = await repo.finish(
+            conversation,
+            seen_version=3,
+            values={"version": 4},
+            turn_id=turn.id,
+            finished=finished,
+            messages=[],
+            events=events,
+            cancelled_end=cancelled,
+        )
+        assert isinstance(row, Turn)
+        assert (row.cancel_requested_at is not None) is cancel
+        expected = [(e["id"], e["seq"], e["type"], e["data"]) for e in events]
+        if cancel:
+            expected[-1] = (*expected[-1][:3], cancelled)
+        assert await _stored_events(session, conversation.id) == expected
+
+    # Stale (another turn wrote version 4 first): nothing of this turn is stored.
+    conversation, turn = await running(cancel=False)
+    stale = await repo.finish(
+        conversation,
+        seen_version=2,
+        values={"version": 3},
+        turn_id=turn.id,
+        finished=finished,
+        messages=[],
+        events=_turn_events(conversation.id, turn.id),
+        cancelled_end={"cancel_requested": True},
+    )
+    assert stale == "stale"
+    assert await _stored_events(session, conversation.id) == []
+    # Its row gone: the conversation is written, the events are left to the caller.
+    await session.execute(delete(Turn).where(Turn.id == turn.id))
+    gone = await repo.finish(
+        conversation,
+        seen_version=3,
+        values={"version": 4},
+        turn_id=turn.id,
+        finished=finished,
+        messages=[],
+        events=_turn_events(conversation.id, turn.id),
+        cancelled_end={"cancel_requested": True},
+    )
+    assert gone == "gone"
+    assert await _stored_events(session, conversation.id) == []
+    await session.rollback()

@@ -268,3 +268,39 @@ async def test_events_stay_gap_free_when_a_background_write_meets_the_final_tran
         events = await all_events(client, conversation["conversation_id"])
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
     assert sum(e["type"] == "turn.completed" for e in events) == turns + 1
+
+
+async def test_the_end_event_is_the_turn_the_response_and_the_api_show(
+    client: httpx.AsyncClient, llm: ScriptedLLM
+) -> None:
+    """A turn's end event goes into the statement that stores its outcome, built before it: what
+    it says must be what the response says and what the turn reads as later, for a new
+    conversation and a resumed one, with an idempotency key (its completion is written in the
+    same transaction) and without."""
+    for key in (None, "end-event-key"):
+        llm.script(block("print(lookup(code='a1'))"), "Found it.")
+        headers = {"Idempotency-Key": f"{key}-start"} if key else {}
+        started = await client.post(
+            "/v1/conversations", json={"input": "go", "tools": [LOOKUP]}, headers=headers
+        )
+        assert started.status_code == 201, started.text
+        first = started.json()
+        assert first["status"] == "awaiting_tool_results", first
+        conversation_id = first["conversation_id"]
+        call = first["pending_tool_calls"][0]["id"]
+        headers = {"Idempotency-Key": f"{key}-resume"} if key else {}
+        resumed = await client.post(
+            f"/v1/conversations/{conversation_id}/tool-results",
+            json={"results": [{"tool_call_id": call, "output": "A-ONE"}]},
+            headers=headers,
+        )
+        assert resumed.status_code == 200, resumed.text
+        second = resumed.json()
+        assert second["status"] == "completed", second
+        events = await all_events(client, conversation_id)
+        ends = [e for e in events if e["type"] in ("turn.awaiting_tool_results", "turn.completed")]
+        assert [e["data"] for e in ends] == [first, second]
+        for turn in (first, second):
+            shown = await client.get(f"/v1/conversations/{conversation_id}/turns/{turn['turn_id']}")
+            # Read later, the first turn no longer shows the calls the second answered.
+            assert shown.json() == ({**turn, "pending_tool_calls": []} if turn is first else turn)
