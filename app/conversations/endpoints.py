@@ -19,7 +19,7 @@ from app.events.schemas import END_TYPES, EventList, EventOut
 from app.events.sse import event_stream
 from app.events.stream import CutOff, Heartbeat, follow, stored_page
 from app.kit.clock import utcnow
-from app.kit.db import Session
+from app.kit.db import Session, autocommit_unit
 from app.kit.errors import BadRequest, NotFound, PreconditionFailed, Unprocessable
 from app.kit.idempotency import Idempotency, fingerprint
 from app.kit.json_body import StrictJSONRoute
@@ -209,11 +209,18 @@ async def continue_conversation(
     if_match: str | None,
     body: schemas.TurnRequest,
     run: Callable[[Conversation, Idempotency | None], Awaitable[schemas.TurnOut]],
+    reads_then_starts: bool = False,
 ) -> Response:
-    """A turn on an existing conversation: idempotent, and conditional on ``If-Match``."""
+    """A turn on an existing conversation: idempotent, and conditional on ``If-Match``.
+
+    ``reads_then_starts``: ``run`` changes nothing of the conversation it is given, so a turn
+    waited for reads it and stores itself as running in one statement, and nothing more until
+    it commits (``autocommit_unit``: two round trips fewer)."""
     idempotency = await idempotency_for(request, tenant=tenant, key=idempotency_key)
 
     async def work(idem: Idempotency | None) -> schemas.TurnOut:
+        if reads_then_starts and not body.stream and not body.background:
+            await autocommit_unit(service.session)
         conversation = await service.get(tenant=tenant, conversation_id=conversation_id)
         check_version(if_match, conversation.version)
         return await run(conversation, idem)
@@ -371,6 +378,7 @@ async def submit_tool_results(
         if_match=if_match,
         body=body,
         run=lambda conversation, idem: service.submit_tool_results(conversation, body=body, idempotency=idem),
+        reads_then_starts=True,
     )
 
 

@@ -37,7 +37,7 @@ from app.files.repository import FileRepository
 from app.helpers import HELPERS, Usage
 from app.kit import periodic, tracing
 from app.kit.clock import utcnow
-from app.kit.db import single_statement
+from app.kit.db import autocommit_unit
 from app.kit.errors import Conflict, Gone, NotFound, PayloadTooLarge, PreconditionFailed, Unprocessable
 from app.kit.idempotency import Idempotency
 from app.kit.ids import new_id
@@ -1237,7 +1237,7 @@ class ConversationService:
         ``new``: the first turn of a conversation created by this request (neither is stored yet);
         else ``started``: the turn's row as it was stored when it started. ``alone``: the caller
         writes nothing more before it commits, so a unit of one statement needs no transaction
-        of its own (``single_statement``)."""
+        of its own (``autocommit_unit``)."""
         await recorder.stop_writing()  # before this transaction takes the store's write lock
         now = utcnow()
         seq = conversation.next_seq
@@ -1295,7 +1295,7 @@ class ConversationService:
 
         files = self._files(conversation, turn_id=turn_id, outcome=outcome, now=now)
         if alone and not files:
-            await single_statement(self.session)
+            await autocommit_unit(self.session)
         if new:  # neither is stored yet: both rows in full, with the turn's events
             for key, value in stored.items():
                 setattr(conversation, key, value)

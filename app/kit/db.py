@@ -139,14 +139,17 @@ async def get_session(request: Request) -> AsyncIterator[AsyncSession]:
 Session = Annotated[AsyncSession, Depends(get_session, scope="function")]
 
 
-async def single_statement(session: AsyncSession) -> None:
-    """The session's unit of work is its next statement alone: on PostgreSQL that statement runs
-    as its own transaction, without the ``BEGIN`` and the ``COMMIT`` round trips (two of such a
-    unit's three), and the session's commit then has nothing left to do.
+async def autocommit_unit(session: AsyncSession) -> None:
+    """The session's unit of work, until it commits, needs no transaction of its own: it writes
+    once at most, in one statement, and what it reads before is plain reads (no row locks), which
+    under READ COMMITTED take a snapshot each whatever the transaction. On PostgreSQL each
+    statement then runs as its own transaction, without the ``BEGIN`` and ``COMMIT`` round trips
+    (two of a one-statement unit's three), and the session's commit has nothing left to do.
 
-    The caller must write nothing else before the session commits: a second statement would be
-    a transaction of its own too. Nothing changes on SQLite (its ``BEGIN`` is no round trip) or
-    once the session's transaction has begun (a read before the write: it stays one unit)."""
+    The caller must keep to that: a second write would be a transaction of its own too, and an
+    ORM change is flushed as one. Nothing changes on SQLite (its ``BEGIN`` is no round trip) or
+    once the session's transaction has begun (a read before, e.g. a stored API key's: it stays
+    one unit). The pooled connection goes back to transactions when the session commits."""
     if session.in_transaction() or session.get_bind().dialect.name != "postgresql":
         return
     await session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})

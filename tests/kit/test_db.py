@@ -1,6 +1,6 @@
-"""``single_statement``: on PostgreSQL the session's next statement is its own transaction (no
-``BEGIN`` and ``COMMIT`` round trips); nothing changes on SQLite, nor for a session whose
-transaction has begun, nor for the next session on the same pooled connection."""
+"""``autocommit_unit``: on PostgreSQL each statement of the session, until it commits, is its own
+transaction (no ``BEGIN`` and ``COMMIT`` round trips); nothing changes on SQLite, nor for a session
+whose transaction has begun, nor for the next session on the same pooled connection."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app.kit.db import create_engine, create_sessionmaker, single_statement
+from app.kit.db import autocommit_unit, create_engine, create_sessionmaker
 from app.models import Conversation
 from tests.conversations.rows import conversation_row
 
@@ -30,7 +30,11 @@ async def maker(url: str) -> AsyncIterator[async_sessionmaker[AsyncSession]]:
 
 
 async def _written_then_rolled_back(
-    maker: async_sessionmaker[AsyncSession], *, single: bool, read_first: bool
+    maker: async_sessionmaker[AsyncSession],
+    *,
+    single: bool,
+    read_first: bool = False,
+    read_after: bool = False,
 ) -> bool:
     """Whether a conversation written in a session that then rolls back is stored."""
     row = conversation_row("t", version=1)
@@ -38,7 +42,9 @@ async def _written_then_rolled_back(
         if read_first:
             await session.execute(select(1))
         if single:
-            await single_statement(session)
+            await autocommit_unit(session)
+        if read_after:
+            await session.execute(select(Conversation.id).limit(1))
         session.add(row)
         await session.flush()
         await session.rollback()
@@ -46,12 +52,14 @@ async def _written_then_rolled_back(
         return await session.get(Conversation, row.id) is not None
 
 
-async def test_single_statement_runs_the_next_statement_as_its_own_transaction(
+async def test_autocommit_unit_runs_the_next_statement_as_its_own_transaction(
     maker: async_sessionmaker[AsyncSession],
 ) -> None:
     postgres = maker.kw["bind"].dialect.name == "postgresql"
     # PostgreSQL: committed by itself, so the rollback finds nothing to undo.
     assert await _written_then_rolled_back(maker, single=True, read_first=False) is postgres
+    # Reads after it are statements of their own too, and so is the write that follows them.
+    assert await _written_then_rolled_back(maker, single=True, read_after=True) is postgres
     # A session that has read already keeps its transaction: the read and the write are one unit.
     assert await _written_then_rolled_back(maker, single=True, read_first=True) is False
     # The connection goes back to the pool as it was: the next session's write is undone again.
