@@ -27,9 +27,26 @@ async def pool(request: pytest.FixtureRequest, workspaces: Path) -> AsyncIterato
         yield started
 
 
-def _workers() -> list[int]:
-    """The sandbox workers below this process (the zygotes' children), as the bench tells them."""
-    return [pid for pid, role in roles_below(os.getpid()).items() if role == "workers"]
+def _workers(pool: RuntimePool) -> list[int]:
+    """The sandbox workers of ``pool`` (its zygotes' children), as the bench tells them: not those
+    of another test's pool that this process still runs (the suite shares its processes)."""
+    zygotes = {zygote.proc.pid for zygote in pool.workers.zygotes}
+    return [
+        pid for pid, role in roles_below(os.getpid()).items() if role == "workers" and _descends(pid, zygotes)
+    ]
+
+
+def _descends(pid: int, ancestors: set[int]) -> bool:
+    """Whether one of ``ancestors`` is an ancestor of ``pid`` (host pids)."""
+    while pid > 1:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                pid = int(stat.read().rsplit(")", 1)[1].split()[1])
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+        if pid in ancestors:
+            return True
+    return False
 
 
 def _switches(pid: int) -> int:
@@ -51,7 +68,7 @@ async def test_workers_sleep_while_nothing_runs(pool: RuntimePool, workspaces: P
     assert outcome.status == "ok", outcome.error
     await asyncio.sleep(0.5)  # its worker forks the next child; the live one waits
     assert pool.live_processes == 1
-    workers = _workers()
+    workers = _workers(pool)
     assert len(workers) >= 2, workers  # one ready, one holding the live process
     before = {pid: _switches(pid) for pid in workers}
     await asyncio.sleep(1.0)
