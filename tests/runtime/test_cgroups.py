@@ -9,11 +9,13 @@ test of a host without them points the pool at a directory that is no cgroup fil
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -223,6 +225,37 @@ def test_a_dead_servers_cgroups_are_removed_with_what_runs_in_them() -> None:
         assert cgroups.memory.is_dir()  # a live server's are left alone
     finally:
         asyncio.run(cgroups.close())
+
+
+@needs_cgroups
+@in_package_loop
+async def test_a_removal_cancelled_midway_is_finished_when_the_pool_closes() -> None:
+    """A retired worker's cgroup is removed in the background, a few attempts apart while its
+    processes exit; the pool closing cancels that. The cgroup must stay the pool's to remove:
+    forgotten, it kept the pool's own directories from going, and the close waited on them for
+    15 s (a CI failure of test_closing_while_a_replacement_starts_never_hangs). What holds the
+    cgroup here is a sub-directory (it holds it on v1 and v2 alike, and no kill removes it)."""
+    cgroups = open_cgroups()
+    try:
+        cgroup = cgroups.create()
+        member = await asyncio.create_subprocess_exec("sleep", "60")
+        cgroup.place(member.pid)
+        holder = cgroup.memory / "held"
+        holder.mkdir()
+        removing = asyncio.ensure_future(cgroups.remove(cgroup))
+        await asyncio.sleep(0.3)  # the member is killed; the directory stays, attempt after attempt
+        assert not removing.done()
+        removing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await removing
+        assert await asyncio.wait_for(member.wait(), 5) == -9
+        holder.rmdir()  # what held it is gone: the close can remove it
+        began = time.monotonic()
+        await cgroups.close()
+        assert time.monotonic() - began < 2
+        assert [d for d in (*cgroup.dirs, cgroups.memory, cgroups.pids) if d.exists()] == []
+    finally:
+        await cgroups.close()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

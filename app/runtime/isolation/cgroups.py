@@ -19,6 +19,7 @@ import functools
 import itertools
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -56,6 +57,9 @@ class WorkerCgroup:
     # Its OOM counter file, opened on the first read and read again with pread (the server reads
     # it for every block: a few microseconds where opening it anew costs about fifteen).
     _oom_fd: int | None = field(default=None, repr=False)
+    # ``remove`` runs in a thread, and may run in two at once: a removal whose awaiting was
+    # cancelled goes on in its thread while the pool's close removes the cgroup again.
+    _removing: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def dirs(self) -> list[Path]:
@@ -130,17 +134,18 @@ class WorkerCgroup:
 
     def remove(self) -> bool:
         """Kill what is left in it and remove its directories; False while some remain."""
-        self.kill_all()
-        if self.oom_at_removal is None:
-            with contextlib.suppress(OSError):
-                self.oom_at_removal = self.oom_kills()
-        if self._oom_fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._oom_fd)
-            self._oom_fd = None
-        if not _procs(self.memory):
-            self._uncharge()
-        return all(_rmdir(d) for d in self.dirs)
+        with self._removing:  # its descriptor is closed once, never a number reused meanwhile
+            self.kill_all()
+            if self.oom_at_removal is None:
+                with contextlib.suppress(OSError):
+                    self.oom_at_removal = self.oom_kills()
+            if self._oom_fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(self._oom_fd)
+                self._oom_fd = None
+            if not _procs(self.memory):
+                self._uncharge()
+            return all(_rmdir(d) for d in self.dirs)
 
     def _uncharge(self) -> None:
         """Reclaim what is still charged to it, once no process is left (the page cache of the
@@ -203,12 +208,15 @@ class Cgroups:
         return cgroup
 
     async def remove(self, cgroup: WorkerCgroup) -> None:
-        """Remove a worker's cgroup once its processes are gone (killing any left)."""
+        """Remove a worker's cgroup once its processes are gone (killing any left). It stays the
+        pool's until it is gone: a removal that failed, or whose awaiting was cancelled (the pool
+        closing while a retired worker's cgroup goes), is made again by ``close``. Forgotten, it
+        kept the pool's own directories from going, and ``close`` waited on them for 15 s."""
         if cgroup not in self.workers:
             return
-        self.workers.discard(cgroup)
         if not await _removed(cgroup.remove):
             raise OSError(errno.EBUSY, f"the sandbox cgroup {cgroup.memory} could not be removed")
+        self.workers.discard(cgroup)
 
     async def close(self) -> None:
         """Remove every worker cgroup left, then the pool's own directories."""
