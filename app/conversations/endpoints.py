@@ -213,9 +213,9 @@ async def continue_conversation(
 ) -> Response:
     """A turn on an existing conversation: idempotent, and conditional on ``If-Match``.
 
-    ``reads_then_starts``: ``run`` changes nothing of the conversation it is given, so a turn
-    waited for reads it and stores itself as running in one statement, and nothing more until
-    it commits (``autocommit_unit``: two round trips fewer)."""
+    ``reads_then_starts``: ``run`` changes nothing of the conversation it is given (or calls
+    ``leave_autocommit`` first), so a turn waited for reads it and stores itself as running in
+    one statement, and nothing more until it commits (``autocommit_unit``: two round trips fewer)."""
     idempotency = await idempotency_for(request, tenant=tenant, key=idempotency_key)
 
     async def work(idem: Idempotency | None) -> schemas.TurnOut:
@@ -351,6 +351,7 @@ async def post_message(
         if_match=if_match,
         body=body,
         run=lambda conversation, idem: service.post_message(conversation, body=body, idempotency=idem),
+        reads_then_starts=True,
     )
 
 

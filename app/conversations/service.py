@@ -37,7 +37,7 @@ from app.files.repository import FileRepository
 from app.helpers import HELPERS, Usage
 from app.kit import periodic, tracing
 from app.kit.clock import utcnow
-from app.kit.db import autocommit_unit
+from app.kit.db import autocommit_unit, leave_autocommit
 from app.kit.errors import Conflict, Gone, NotFound, PayloadTooLarge, PreconditionFailed, Unprocessable
 from app.kit.idempotency import Idempotency
 from app.kit.ids import new_id
@@ -280,8 +280,10 @@ class ConversationService:
                 "and were not run.",
             )
             new_messages.insert(0, TranscriptMessage(role="user", parts=[expired]))
+            await leave_autocommit(self.session)  # a write of its own, with the turn's start
             conversation.paused = None
         if body.tools is not None:
+            await leave_autocommit(self.session)
             merged = {t["name"]: t for t in conversation.tools}
             merged.update({t["name"]: t for t in _tool_definitions(body.tools, field="tools")})
             conversation.tools = list(merged.values())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 from fastapi import Depends, Request
 from sqlalchemy import JSON, DateTime, Dialect, MetaData, TypeDecorator, event
@@ -62,6 +62,7 @@ class Base(DeclarativeBase):
 
 
 APPLICATION_NAME = "sabre"
+AUTOCOMMIT: Final = "AUTOCOMMIT"  # the isolation level of a connection with no transactions
 
 
 def create_engine(
@@ -152,7 +153,23 @@ async def autocommit_unit(session: AsyncSession) -> None:
     one unit). The pooled connection goes back to transactions when the session commits."""
     if session.in_transaction() or session.get_bind().dialect.name != "postgresql":
         return
-    await session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+    await session.connection(execution_options={"isolation_level": AUTOCOMMIT})
+
+
+async def leave_autocommit(session: AsyncSession) -> None:
+    """A unit begun as an ``autocommit_unit`` that finds it must write more than once: what it
+    read stays read (under READ COMMITTED a transaction kept no snapshot of it), and its
+    statements from here on are one transaction again (the connection goes back to the pool; the
+    next statement begins a transaction on one). Call it before changing anything: an ORM change
+    pending now would be flushed as a transaction of its own. Nothing to do otherwise."""
+    if not session.in_transaction():
+        return
+    connection = (await session.connection()).sync_connection
+    if connection is None or connection.get_execution_options().get("isolation_level") != AUTOCOMMIT:
+        return
+    if session.new or session.dirty or session.deleted:
+        raise RuntimeError("leave_autocommit with ORM changes pending: they would commit on their own")
+    await session.commit()
 
 
 def store_location(url: str) -> str:
