@@ -49,7 +49,8 @@ LOG_FD: Final = 4
 _PR_SET_CHILD_SUBREAPER: Final = 36
 # A child that dies or misbehaves before it is ready this many times in a row: the worker stops.
 _MAX_FAILED_STARTS: Final = 5
-# How often a zygote that hears nothing looks for workers that exited and for their orphans.
+# How often a zygote looks again for orphans while its last look found some (a tree forking as
+# it is killed); otherwise it sleeps until the server asks for a worker or a worker exits.
 _ZYGOTE_TICK_MS: Final = 200
 
 
@@ -205,8 +206,10 @@ def _zygote(*, control: int, reports: int, log_fd: int) -> int:
     are those of a worker on its stdin/stdout), then those of its cgroup's counters, if any.
     ``reports`` gets a ``clone`` frame (its pid) per worker forked, in request order, and a
     ``gone`` frame once it exited and was reaped.
-    Processes left below this one that are not workers (orphans of a worker that died) are
-    killed. The server closing ``control``: every worker and what it runs is killed, then exit.
+    Processes left below this one that are not workers (orphans of a worker that died: they come
+    to this subreaper) are killed, when a worker exits and again every ``_ZYGOTE_TICK_MS`` while
+    any are found; between such events it sleeps (a pidfd per worker says when one exits). The
+    server closing ``control``: every worker and what it runs is killed, then exit.
     """
     channel = socket.socket(fileno=control)
     poller = select.poll()
@@ -214,8 +217,16 @@ def _zygote(*, control: int, reports: int, log_fd: int) -> int:
     gc.collect()
     gc.freeze()  # the warm heap: never collected here, so its pages stay shared with every fork
     workers: set[int] = set()
+    exits: dict[int, int] = {}  # a pidfd per worker: readable once it exited
+    unwatched: set[int] = set()  # workers without one (none could be opened): looked for on a tick
+    orphans = False
     while True:
-        if poller.poll(_ZYGOTE_TICK_MS):
+        for fd, _ in poller.poll(_ZYGOTE_TICK_MS if orphans or unwatched else None):
+            if fd in exits:  # that worker exited: reaped below, its orphans swept
+                poller.unregister(fd)
+                os.close(fd)
+                del exits[fd]
+                continue
             try:
                 message, fds, _, _ = socket.recv_fds(channel, 16, 3)
             except OSError as exc:
@@ -234,9 +245,19 @@ def _zygote(*, control: int, reports: int, log_fd: int) -> int:
             for fd in fds:
                 os.close(fd)
             workers.add(pid)
+            try:
+                exited = os.pidfd_open(pid)
+            except OSError as exc:  # out of descriptors: its exit is found on a tick instead
+                _log(log_fd, f"zygote: no pidfd for worker {pid}: {exc}")
+                unwatched.add(pid)
+            else:
+                exits[exited] = pid
+                poller.register(exited, select.POLLIN)
             write_frame(reports, {"t": "clone", "pid": pid})
+        orphans = False
         for pid in isolation.children(os.getpid()):
             if pid not in workers:  # an orphan of a worker that died: nothing may outlive it
+                orphans = True
                 isolation.kill_tree(pid)
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
@@ -247,6 +268,7 @@ def _zygote(*, control: int, reports: int, log_fd: int) -> int:
                     break
                 if pid in workers:
                     workers.discard(pid)
+                    unwatched.discard(pid)
                     write_frame(reports, {"t": "gone", "pid": pid})
 
 
