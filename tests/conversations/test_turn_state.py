@@ -17,7 +17,7 @@ from app.events.repository import EventRepository
 from app.kit.clock import utcnow
 from app.kit.db import create_engine, create_sessionmaker
 from app.kit.ids import new_id
-from app.models import Event, Message, Turn
+from app.models import Conversation, Event, Message, Turn
 from tests.conversations.rows import conversation_row
 
 
@@ -460,7 +460,7 @@ async def test_finish_stores_the_turns_events_with_the_end_event_its_row_calls_f
     repo = ConversationRepository(session)
     finished = {"status": "completed", "output": "done", "version": 4}
 
-    async def running(*, cancel: bool) -> tuple[object, Turn]:
+    async def running(*, cancel: bool) -> tuple[Conversation, Turn]:
         conversation = conversation_row("t", version=3)
         session.add(conversation)
         turn = _turn(conversation.id, status="running", lease=timedelta(seconds=30))
@@ -490,32 +490,25 @@ async def test_finish_stores_the_turns_events_with_the_end_event_its_row_calls_f
             expected[-1] = (*expected[-1][:3], cancelled)
         assert await _stored_events(session, conversation.id) == expected
 
-    # Stale (another turn wrote version 4 first): nothing of this turn is stored.
+    async def finish(conversation: Conversation, turn: Turn, *, seen: int) -> Turn | str:
+        return await repo.finish(
+            conversation,
+            seen_version=seen,
+            values={"version": seen + 1},
+            turn_id=turn.id,
+            finished=finished,
+            messages=[],
+            events=_turn_events(conversation.id, turn.id),
+            cancelled_end={"cancel_requested": True},
+        )
+
+    # Stale (another turn wrote version 3 first): nothing of this turn is stored.
     conversation, turn = await running(cancel=False)
-    stale = await repo.finish(
-        conversation,
-        seen_version=2,
-        values={"version": 3},
-        turn_id=turn.id,
-        finished=finished,
-        messages=[],
-        events=_turn_events(conversation.id, turn.id),
-        cancelled_end={"cancel_requested": True},
-    )
-    assert stale == "stale"
+    assert await finish(conversation, turn, seen=2) == "stale"
     assert await _stored_events(session, conversation.id) == []
     # Its row gone: the conversation is written, the events are left to the caller.
     await session.execute(delete(Turn).where(Turn.id == turn.id))
-    gone = await repo.finish(
-        conversation,
-        seen_version=3,
-        values={"version": 4},
-        turn_id=turn.id,
-        finished=finished,
-        messages=[],
-        events=_turn_events(conversation.id, turn.id),
-        cancelled_end={"cancel_requested": True},
-    )
+    gone = await finish(conversation, turn, seen=3)
     assert gone == "gone"
     assert await _stored_events(session, conversation.id) == []
     await session.rollback()

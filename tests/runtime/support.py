@@ -19,6 +19,7 @@ from app.runtime import BlockOutcome, CallReply, HelperCall, JournalEntry, Limit
 from app.runtime.backend import bwrap_problem
 from app.runtime.isolation import Backend, find_bwrap
 from app.runtime.worker_process import WorkerProcess
+from bench.fork_bench import roles_below
 
 
 class Recorder:
@@ -219,3 +220,34 @@ def host_pid(worker: WorkerProcess) -> int:
         if int(fields["NSpid"].split()[-1]) == worker.pid and len(fields["NSpid"].split()) > 1:
             return pid
     raise LookupError(f"no host process for sandbox worker {worker.pid}")
+
+
+def thread_switches(pid: int) -> int:
+    """Context switches so far of every thread of ``pid`` (each wake-up from a sleep is one)."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/status") as status:
+            for line in status:
+                if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                    total += int(line.split()[1])
+    return total
+
+
+def below(pid: int, ancestors: set[int]) -> bool:
+    """Whether ``pid`` is one of ``ancestors`` or a descendant of one (host pids): a test's own
+    sandbox processes, not those of another test's pool that the same process still runs."""
+    while pid > 1:
+        if pid in ancestors:
+            return True
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                pid = int(stat.read().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            return False
+    return False
+
+
+def pool_processes(pool: RuntimePool, role: str) -> list[int]:
+    """The host pids of ``pool``'s processes of ``role`` (``bench.fork_bench.roles_below``'s)."""
+    zygotes = {zygote.proc.pid for zygote in pool.workers.zygotes}
+    return [pid for pid, found in roles_below(os.getpid()).items() if found == role and below(pid, zygotes)]

@@ -14,8 +14,7 @@ import pytest
 import pytest_asyncio
 
 from app.runtime import Limits, RuntimePool
-from bench.fork_bench import roles_below
-from tests.runtime.support import BACKENDS, run, started_pool
+from tests.runtime.support import BACKENDS, pool_processes, run, started_pool, thread_switches
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -27,39 +26,6 @@ async def pool(request: pytest.FixtureRequest, workspaces: Path) -> AsyncIterato
         yield started
 
 
-def _workers(pool: RuntimePool) -> list[int]:
-    """The sandbox workers of ``pool`` (its zygotes' children), as the bench tells them: not those
-    of another test's pool that this process still runs (the suite shares its processes)."""
-    zygotes = {zygote.proc.pid for zygote in pool.workers.zygotes}
-    return [
-        pid for pid, role in roles_below(os.getpid()).items() if role == "workers" and _descends(pid, zygotes)
-    ]
-
-
-def _descends(pid: int, ancestors: set[int]) -> bool:
-    """Whether one of ``ancestors`` is an ancestor of ``pid`` (host pids)."""
-    while pid > 1:
-        try:
-            with open(f"/proc/{pid}/stat") as stat:
-                pid = int(stat.read().rsplit(")", 1)[1].split()[1])
-        except (FileNotFoundError, ProcessLookupError):
-            return False
-        if pid in ancestors:
-            return True
-    return False
-
-
-def _switches(pid: int) -> int:
-    """Context switches so far of every thread of ``pid`` (each wake-up from a sleep is one)."""
-    total = 0
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/status") as status:
-            for line in status:
-                if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
-                    total += int(line.split()[1])
-    return total
-
-
 async def test_workers_sleep_while_nothing_runs(pool: RuntimePool, workspaces: Path) -> None:
     conversation = workspaces / f"idle-{os.urandom(4).hex()}"
     conversation.mkdir()
@@ -68,11 +34,11 @@ async def test_workers_sleep_while_nothing_runs(pool: RuntimePool, workspaces: P
     assert outcome.status == "ok", outcome.error
     await asyncio.sleep(0.5)  # its worker forks the next child; the live one waits
     assert pool.live_processes == 1
-    workers = _workers(pool)
+    workers = pool_processes(pool, "workers")
     assert len(workers) >= 2, workers  # one ready, one holding the live process
-    before = {pid: _switches(pid) for pid in workers}
+    before = {pid: thread_switches(pid) for pid in workers}
     await asyncio.sleep(1.0)
-    woke = {pid: _switches(pid) - count for pid, count in before.items()}
+    woke = {pid: thread_switches(pid) - count for pid, count in before.items()}
     assert all(count <= 2 for count in woke.values()), woke  # was 20 or more each
     # The watchdog of the live process wakes for its next block: past its disk quota, a block
     # that then sleeps is stopped on the watchdog's timer, not at its end.

@@ -14,8 +14,16 @@ from pathlib import Path
 import pytest
 
 from app.runtime.worker_process import WorkerState
-from bench.fork_bench import roles_below
-from tests.runtime.support import BACKENDS, host_pid, host_processes_with, run, started_pool, wait_until_gone
+from tests.runtime.support import (
+    BACKENDS,
+    host_pid,
+    host_processes_with,
+    pool_processes,
+    run,
+    started_pool,
+    thread_switches,
+    wait_until_gone,
+)
 
 _DAEMON = """
 import ctypes, os, time
@@ -56,33 +64,9 @@ async def test_the_zygote_sleeps_while_nothing_happens(
         outcome = await run(pool, "result(1)", workdir=tmp_path)
         assert outcome.status == "ok", outcome.error
         await asyncio.sleep(0.3)
-        zygotes = {z.proc.pid for z in pool.workers.zygotes}
-        found = [p for p, role in roles_below(os.getpid()).items() if role == "zygote" and _below(p, zygotes)]
-        assert found, roles_below(os.getpid())
-        before = {pid: _switches(pid) for pid in found}
+        found = pool_processes(pool, "zygote")
+        assert found
+        before = {pid: thread_switches(pid) for pid in found}
         await asyncio.sleep(1.0)
-        woke = {pid: _switches(pid) - count for pid, count in before.items()}
+        woke = {pid: thread_switches(pid) - count for pid, count in before.items()}
         assert all(count <= 1 for count in woke.values()), woke  # was 5 a second
-
-
-def _below(pid: int, ancestors: set[int]) -> bool:
-    """Whether ``pid`` is one of ``ancestors`` or below one (host pids)."""
-    while pid > 1:
-        if pid in ancestors:
-            return True
-        try:
-            with open(f"/proc/{pid}/stat") as stat:
-                pid = int(stat.read().rsplit(")", 1)[1].split()[1])
-        except OSError:
-            return False
-    return False
-
-
-def _switches(pid: int) -> int:
-    total = 0
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/status") as status:
-            for line in status:
-                if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
-                    total += int(line.split()[1])
-    return total
