@@ -206,7 +206,7 @@ result("flooded")
 """
     )
     outcome = await run(pool, code, workdir=tmp_path, limits=Limits(memory_mb=1024, wall_clock_seconds=20))
-    assert outcome.status == "error", outcome.results
+    assert outcome.status == "error", (outcome.limit, outcome.failure, outcome.duration_ms, outcome.results)
     assert outcome.error is not None
     assert "journal" in outcome.error
     assert len(outcome.journal) <= 4
