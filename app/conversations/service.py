@@ -1282,18 +1282,22 @@ class ConversationService:
             "updated_at": now,
         }
 
-        def whole_turn() -> Turn:
-            """The turn's row as it ended, in full: stored with a new conversation, or again."""
+        def ended_row(*, created_at: datetime, started_at: datetime | None, background: bool) -> Turn:
+            """The turn's row as it ended, in full (no cancel request on it)."""
             return Turn(
                 id=turn_id,
                 conversation_id=conversation.id,
-                background=False,
+                background=background,
                 request=None,
                 cancel_requested_at=None,
-                created_at=now,
-                started_at=now,
+                created_at=created_at,
+                started_at=started_at,
                 **finished,
             )
+
+        def whole_turn() -> Turn:
+            """Stored in full: with a new conversation, or again once its row went missing."""
+            return ended_row(created_at=now, started_at=now, background=False)
 
         files = self._files(conversation, turn_id=turn_id, outcome=outcome, now=now)
         if alone and not files:
@@ -1311,20 +1315,14 @@ class ConversationService:
         # The turn as it ends, unless a cancel request came meanwhile (only its row knows): its
         # end event goes into the statement that stores the outcome, in both versions.
         assert started is not None, "a turn of a stored conversation was stored when it started"
-        expected = Turn(
-            id=turn_id,
-            conversation_id=conversation.id,
-            background=started.background,
-            request=None,
-            cancel_requested_at=None,
-            created_at=started.created_at,
-            started_at=started.started_at,
-            **finished,
+        expected = ended_row(
+            created_at=started.created_at, started_at=started.started_at, background=started.background
         )
         turn = self._turn_out(expected, version=version, paused=stored["paused"])
-        recorder.emit(_end_type(outcome.status), turn.model_dump(mode="json"))
+        end = turn.model_dump(mode="json")
+        recorder.emit(_end_type(outcome.status), end)
         rows = await recorder.take()
-        cancelled = turn.model_copy(update={"cancel_requested": True}).model_dump(mode="json")
+        cancelled = {**end, "cancel_requested": True}
         # Checked against the version the turn started from: a turn whose lease lapsed and was
         # taken over must not overwrite the turn that took over, nor end its own row.
         ended = await self.repo.finish(
