@@ -237,10 +237,7 @@ class ChildLink:
     def close(self) -> None:
         """Stop the watchdog and release the worker's descriptors of this child (after it is
         reaped): the worker forks its next child with no other thread running."""
-        self._stop.set()
-        self._running.set()  # a watchdog asleep between blocks wakes to stop
-        if self._watchdog is not None:
-            self._watchdog.join()
+        self.stop_watchdog()
         for fd in (self._channel, self._output_fd, self._pidfd):
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -380,16 +377,12 @@ class ChildLink:
         server_fd = self._server_in.fileno()
         for fd in (server_fd, self._channel, self._output_fd, self._pidfd):
             poller.register(fd, select.POLLIN)
-        watchdog = self._watchdog
-        if watchdog is None and (self._quota is not None or self._keep or self._meter is not None):
-            watchdog = self._start_watchdog()  # not started while it was idle (tests)
+        if self._watchdog is None and (self._quota is not None or self._keep or self._meter is not None):
+            self._start_watchdog()  # not started while it was idle (tests)
         try:
             return self._relay(poller, server_fd)
         finally:
-            self._stop.set()
-            self._running.set()
-            if watchdog is not None:
-                watchdog.join()
+            self.stop_watchdog()
 
     def _start_watchdog(self) -> threading.Thread:
         """Start the thread that measures the quotas on a timer of its own (a child that stalls
@@ -399,6 +392,19 @@ class ChildLink:
         self._watchdog = threading.Thread(target=self._watch_quota, daemon=True)
         self._watchdog.start()
         return self._watchdog
+
+    def stop_watchdog(self) -> None:
+        """Stop the quota watchdog and wait until it has returned (at once if it never started).
+
+        Under the quota lock, where the watchdog looks for the stop before it goes back to sleep:
+        set outside it, the stop could come between that look and its sleep, and the watchdog
+        slept for ever with the relay joining it (the worker hung, its block ended by the
+        server's wall clock 30 s later; seen under load)."""
+        with self._quota_lock:
+            self._stop.set()
+            self._running.set()  # a watchdog asleep between blocks wakes to stop
+        if self._watchdog is not None:
+            self._watchdog.join()
 
     def _watch_quota(self) -> None:
         """Every ``QUOTA_INTERVAL_SECONDS`` of a running block, its disk, CPU and tree checks.
@@ -411,8 +417,11 @@ class ChildLink:
             if stop.wait(QUOTA_INTERVAL_SECONDS):
                 return
             with self._quota_lock:
+                if stop.is_set():
+                    return
                 if self._phase != "running" or self._dead:
-                    running.clear()  # under the lock: a block that starts now sets it again
+                    # Under the lock: a block that starts now, or a stop, sets it again.
+                    running.clear()
                     continue
                 if self._quota is not None:
                     self._check_quota()
