@@ -49,8 +49,12 @@ MAX_HEADER_BYTES: Final = 16 * 1024 * 1024
 # Exit code of a child that read EOF instead of a block: the pool is closing, the worker stops.
 EXIT_EOF: Final = 75
 # A live process (one that stays bound to its conversation after a block: ``keep`` in the run
-# request, ``live`` in its done) runs at most this many blocks, then a fresh fork takes over.
-LIVE_MAX_BLOCKS: Final = 64
+# request, ``live`` in its done) runs at most this many blocks, then a fresh fork takes over (its
+# hard RLIMIT_CPU leaves room for this many blocks' budgets). A rollover costs a fresh block (a
+# fork, its exit and the namespace restored from the snapshot, ~12 ms of CPU with the default
+# preloads): at 64 that was a sixth of a live block's cost, 1,670 against 1,960 trivial blocks/s
+# on two conversations at 256 (bench/runtime_bench.py's live rows).
+LIVE_MAX_BLOCKS: Final = 256
 # Names the runtime puts in every block's namespace: no helper or tool may take them.
 RESERVED_NAMES: Final = frozenset({"result", "parallel", "ToolError", "print"})
 # Who runs a helper or tool: one word set for helpers, tools, personas and the runtime. The

@@ -15,6 +15,7 @@ import pytest
 import pytest_asyncio
 
 from app.runtime import CallReply, Limits, RuntimePool
+from app.runtime.protocol import LIVE_MAX_BLOCKS
 from tests.runtime.support import BACKENDS, Recorder, run, started_pool
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -389,3 +390,25 @@ async def test_what_a_hidden_block_started_dies_with_the_block(
     second = await run(live, ALIVE.format(pid="pid") + PID, workdir=workdir, snapshot=first.snapshot)
     assert second.results[1] == first.results[1]  # the live process
     assert second.results[0] == "gone"
+
+
+async def test_after_its_last_block_a_live_process_gives_way_to_a_fresh_one(
+    live: RuntimePool, workspaces: Path
+) -> None:
+    """A live process runs ``LIVE_MAX_BLOCKS`` blocks (its hard CPU limit has room for that many),
+    then the conversation's next block runs in a fresh fork from the snapshot, which stays live in
+    turn; the conversation's state goes on through the rollover."""
+    workdir = conversation(workspaces)
+    code = "n = globals().get('n', 0) + 1\nresult(n)\n" + PID
+    snapshot: bytes | None = None
+    seen: list[tuple[str, str, str]] = []
+    for _ in range(LIVE_MAX_BLOCKS + 2):
+        outcome = await run(live, code, workdir=workdir, snapshot=snapshot)
+        assert outcome.status == "ok", outcome.error
+        snapshot = outcome.snapshot
+        seen.append((outcome.process, outcome.results[0], outcome.results[1]))
+    processes, counts, marks = zip(*seen, strict=True)
+    assert processes == ("fresh", *["live"] * (LIVE_MAX_BLOCKS - 1), "fresh", "live")
+    assert counts == tuple(str(i) for i in range(1, LIVE_MAX_BLOCKS + 3))
+    assert len(set(marks[:LIVE_MAX_BLOCKS])) == 1
+    assert marks[LIVE_MAX_BLOCKS] == marks[LIVE_MAX_BLOCKS + 1] != marks[0]
