@@ -116,23 +116,35 @@ class RedisBus:
         self._reader: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         self._closing = False  # the reader's stop: its cancellation can be lost in a Redis call
+        self._leaving: set[asyncio.Task[None]] = set()  # unsubscribes that outlive their watcher
 
     async def publish(self, channel: str, message: str) -> None:
         await self._redis.publish(channel, message)
 
     @contextlib.asynccontextmanager
     async def subscribe(self, channel: str) -> AsyncIterator[Subscription]:
-        async with self._local.subscribe(channel) as subscription:
-            async with self._lock:
-                pubsub = self._ensure_reader()
-                await pubsub.subscribe(channel)
-            try:
-                yield subscription
-            finally:
+        try:
+            async with self._local.subscribe(channel) as subscription:
                 async with self._lock:
-                    if self._local.subscribers(channel) == 1:  # the last one leaves right after this
-                        with contextlib.suppress(Exception):
-                            await pubsub.unsubscribe(channel)
+                    pubsub = self._ensure_reader()
+                    await pubsub.subscribe(channel)
+                yield subscription
+        finally:
+            # A task of its own, shielded: a watcher cancelled while it waited for the lock here
+            # (its stream's client went away) left its channel subscribed for good, and Redis kept
+            # sending this process that conversation's events for nobody.
+            leaving = asyncio.ensure_future(self._leave(channel))
+            self._leaving.add(leaving)
+            leaving.add_done_callback(self._leaving.discard)
+            await asyncio.shield(leaving)
+
+    async def _leave(self, channel: str) -> None:
+        """Unsubscribe ``channel`` once no subscriber of this process is left on it (one that came
+        meanwhile subscribed under the same lock, so it keeps the channel)."""
+        async with self._lock:
+            if self._local.subscribers(channel) == 0 and self._pubsub is not None and not self._closing:
+                with contextlib.suppress(Exception):
+                    await self._pubsub.unsubscribe(channel)
 
     def _ensure_reader(self) -> PubSub:
         if self._pubsub is None:

@@ -4,6 +4,7 @@ can drop one on Python 3.11: app.kit.periodic)."""
 from __future__ import annotations
 
 import asyncio
+import random
 from typing import Any
 
 import pytest
@@ -45,4 +46,47 @@ async def test_the_bus_closes_though_its_reader_loses_its_cancellation(
             assert done, "the bus never closed"
             assert lost.is_set()
     finally:
+        await redis.aclose()
+
+
+async def test_watchers_cancelled_at_any_step_leave_the_bus_whole(redis_url: str) -> None:
+    """Stream clients go away at any moment: watchers cancelled at any step of their subscription
+    (waiting for the bus's lock behind others, subscribing, watching, leaving) must not cost the
+    other watchers their messages, unsubscribe a channel someone still watches, or leave their
+    own channels subscribed. (A subscribe or unsubscribe itself does not yield in redis-py while
+    the socket takes the command; a cancellation inside one, when it does, makes redis-py drop
+    the connection and subscribe its channels again on the next read.)"""
+    redis = aioredis.Redis.from_url(redis_url)
+    bus = RedisBus(redis)
+    steady_channel = "sabre:test:bus-steady"
+    try:
+        async with bus.subscribe(steady_channel) as steady:
+
+            async def watcher(channel: str) -> None:
+                async with bus.subscribe(channel):
+                    await asyncio.sleep(0)
+
+            chance = random.Random(12)
+            for batch in range(60):
+                # Five at once, so some wait for the lock; every third watches the steady channel
+                # too (its last-one-leaves check must not unsubscribe it from the steady watcher).
+                tasks = [
+                    asyncio.create_task(
+                        watcher(steady_channel if index % 3 == 0 else f"sabre:test:bus-{batch}-{index}")
+                    )
+                    for index in range(5)
+                ]
+                for task in tasks:
+                    for _ in range(chance.randrange(0, 8)):  # a different step each time
+                        await asyncio.sleep(0)
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+            await redis.publish(steady_channel, "still here")
+            async with asyncio.timeout(2):
+                assert await steady.queue.get() == "still here"
+            assert bus._pubsub is not None
+            subscribed = {c.decode() if isinstance(c, bytes) else c for c in bus._pubsub.channels}
+            assert subscribed == {steady_channel}
+    finally:
+        await bus.aclose()
         await redis.aclose()
