@@ -128,6 +128,7 @@ async def open_resources(settings: Settings, *, role: Role = "api") -> AsyncIter
         pool = RuntimePool(
             size=settings.runtime_workers,
             preload=settings.preload_modules,
+            plain_size=settings.runtime_plain_workers,
             sandbox=settings.sandbox,
             workspaces=settings.workspaces_dir,
             live_seconds=settings.runtime_live_seconds,

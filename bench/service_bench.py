@@ -1025,6 +1025,7 @@ async def run(
     live_processes: int | None,
     live_seconds: float | None,
     preload: str | None,
+    plain_workers: int | None,
     web_workers: int,
     workload_only: bool,
     json_out: Path | None,
@@ -1069,6 +1070,8 @@ async def run(
             served_env["SABRE_RUNTIME_LIVE_SECONDS"] = str(live_seconds)
         if preload is not None:
             served_env["SABRE_RUNTIME_PRELOAD"] = preload
+        if plain_workers is not None:
+            served_env["SABRE_RUNTIME_PLAIN_WORKERS"] = str(plain_workers)
         lg_env = clean_env(
             LANGGRAPH_DATABASE_URL=lg_dsn,
             OPENAI_BASE_URL=llm.base_url,
@@ -1138,7 +1141,8 @@ async def run(
                     f"{runtime_workers} sandbox workers, chat API"
                     + ("" if live_processes is None else f", {live_processes} live processes")
                     + ("" if live_seconds is None else f", live for {live_seconds:g} s")
-                    + ("" if preload is None else f", preloading {preload or 'nothing'}"),
+                    + ("" if preload is None else f", preloading {preload or 'nothing'}")
+                    + ("" if plain_workers is None else f", {plain_workers} plain workers"),
                 ],
                 [
                     "LangGraph",
@@ -1212,6 +1216,12 @@ def main() -> None:
         help="SABRE_RUNTIME_PRELOAD of the server ('' for none; default: the service's)",
     )
     parser.add_argument(
+        "--plain-workers",
+        type=int,
+        default=None,
+        help="SABRE_RUNTIME_PLAIN_WORKERS of the server (0: every block on preloaded workers)",
+    )
+    parser.add_argument(
         "--web-workers", type=int, default=1, help="server processes of SABRE, LangGraph and the floor alike"
     )
     parser.add_argument(
@@ -1228,6 +1238,7 @@ def main() -> None:
             live_processes=args.live_processes,
             live_seconds=args.live_seconds,
             preload=args.preload,
+            plain_workers=args.plain_workers,
             web_workers=args.web_workers,
             workload_only=args.workload_only,
             json_out=args.json,

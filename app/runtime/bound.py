@@ -9,6 +9,7 @@ from pathlib import Path
 
 from app.runtime.exchange import Exchange
 from app.runtime.schemas import JournalEntry, Limits
+from app.runtime.tiers import Tier
 from app.runtime.worker_process import WorkerProcess
 
 
@@ -21,6 +22,7 @@ class Bound:
     worker: WorkerProcess
     limits: Limits
     blocks: int  # blocks this process has run
+    tier: Tier = "preloaded"  # the workers its worker is one of
     exchange: Exchange | None = None
     code: str = ""
     state: bytes = b""
@@ -82,34 +84,36 @@ class Bindings:
         return bound
 
     def keep(self, workdir: Path, bound: Bound, *, capacity: int) -> bool:
-        """Keep ``bound`` for ``workdir``'s next block, at most ``capacity`` processes in all: the
-        least recently used gives way (a live one before any parked block; a live process is not
-        kept when every bound one holds a paused block). False when ``bound`` itself is let go."""
+        """Keep ``bound`` for ``workdir``'s next block, at most ``capacity`` processes of its tier:
+        the least recently used of them gives way (a live one before any parked block; a live
+        process is not kept when every bound one holds a paused block). False when ``bound``
+        itself is let go."""
         earlier = self.take(workdir)
         if earlier is not None:  # the conversation ran a block elsewhere in between
             self._let_go(earlier)
         if self._closed or (bound.exchange is None and bound.memory_kb > self._memory_kb):
             self._let_go(bound)  # it alone holds more than all live processes may
             return False
-        while len(self._bound) >= capacity:
-            if bound.exchange is None and all(b.exchange is not None for b in self._bound.values()):
+        while len(peers := [b for b in self._bound.values() if b.tier == bound.tier]) >= capacity:
+            if bound.exchange is None and all(b.exchange is not None for b in peers):
                 self._let_go(bound)  # a live process gives way to paused blocks, not they to it
                 return False
-            self.give_way()
+            self.give_way(bound.tier)
         bound.timer = asyncio.get_running_loop().call_later(self.seconds, self._expire, workdir, bound)
         self._bound[workdir] = bound
         while sum(b.memory_kb for b in self._bound.values()) > self._memory_kb:
             self.give_way()  # live ones only hold memory: the least recently used goes first
         return True
 
-    def give_way(self) -> bool:
-        """Release one bound process: the least recently used live one, or when every one holds
-        a paused block (whose resume is due, and would replay), the least recently used of those.
-        False when none is bound."""
-        if not self._bound:
+    def give_way(self, tier: Tier | None = None) -> bool:
+        """Release one bound process (of ``tier``; None: of either): the least recently used live
+        one, or when every one holds a paused block (whose resume is due, and would replay), the
+        least recently used of those. False when none is bound."""
+        candidates = [w for w, b in self._bound.items() if tier is None or b.tier == tier]
+        if not candidates:
             return False
-        workdir = next((w for w, b in self._bound.items() if b.exchange is None), None)
-        oldest = self._bound.pop(next(iter(self._bound)) if workdir is None else workdir)
+        workdir = next((w for w in candidates if self._bound[w].exchange is None), candidates[0])
+        oldest = self._bound.pop(workdir)
         oldest.cancel_timer()
         self._let_go(oldest)
         return True

@@ -47,6 +47,7 @@ from app.runtime.protocol import (
 )
 from app.runtime.schemas import BlockOutcome, BlockProcess, CallRunner, JournalEntry, Limits, SandboxTool
 from app.runtime.supervisor import WorkerSupervisor
+from app.runtime.tiers import Tier, TierRule
 from app.runtime.worker_process import WorkerProcess, WorkerState
 
 log = structlog.get_logger(__name__)
@@ -85,6 +86,11 @@ class RuntimePool:
     ``live_memory_mb``: what live processes may hold together beyond what they shared with their
     worker when forked (their resident memory's growth, as each worker measures it); past it the
     least recently used live one gives way, and a process that alone holds more is not kept.
+
+    ``plain_size`` (0: none): workers of a second zygote that preloads nothing, kept free beside
+    the ``size`` preloaded ones, for blocks that name no preloaded module (``app.runtime.tiers``):
+    forking them costs about 40% less CPU. They bind processes alike, up to ``live_processes``
+    of their own. Without a preload list every worker is plain already and this is ignored.
     """
 
     def __init__(
@@ -101,11 +107,12 @@ class RuntimePool:
         fallback: bool = True,
         bwrap: str | None = None,
         cgroup_root: Path | None = DEFAULT_CGROUP_ROOT,
+        plain_size: int = 0,
     ) -> None:
         if size < 1:
             raise ValueError("a runtime pool needs at least one worker")
-        if live_processes < 0 or live_memory_mb < 0:
-            raise ValueError("live_processes and live_memory_mb cannot be negative")
+        if live_processes < 0 or live_memory_mb < 0 or plain_size < 0:
+            raise ValueError("live_processes, live_memory_mb and plain_size cannot be negative")
         self._choice = BackendChoice(sandbox, workspaces=workspaces, fallback=fallback, bwrap=bwrap)
         self.bindings = Bindings(seconds=live_seconds, memory_kb=live_memory_mb * 1024, let_go=self._let_go)
         self.workers = WorkerSupervisor(
@@ -115,13 +122,37 @@ class RuntimePool:
             live_processes=live_processes,
             surplus_idle_seconds=surplus_idle_seconds,
             cgroup_root=cgroup_root,
-            evict=self.bindings.give_way,
+            evict=lambda: self.bindings.give_way("preloaded"),
         )
+        # Workers without the preloads, for the blocks that do not need them (None: none).
+        self.plain: WorkerSupervisor | None = None
+        self._tiers = TierRule(preload)
+        if plain_size and self._tiers.roots:
+            self.plain = WorkerSupervisor(
+                self._choice,
+                size=plain_size,
+                preload=(),
+                live_processes=live_processes,
+                surplus_idle_seconds=surplus_idle_seconds,
+                cgroup_root=cgroup_root,
+                evict=lambda: self.bindings.give_way("plain"),
+            )
+
+    def supervisor(self, tier: Tier) -> WorkerSupervisor:
+        """The workers of ``tier`` (the preloaded ones when the pool has no plain workers)."""
+        return self.plain if tier == "plain" and self.plain is not None else self.workers
+
+    def _tier(self, code: str, *, snapshot: bytes, sandbox_tools: Sequence[SandboxTool]) -> Tier:
+        """Where a fresh block runs: on plain workers when the pool has them and the block names
+        no preloaded module (``TierRule``), else on the preloaded ones."""
+        if self.plain is None:
+            return "preloaded"
+        return self._tiers.tier(code, snapshot=snapshot, sources=[tool.source for tool in sandbox_tools])
 
     @property
     def idle_workers(self) -> int:
         """Workers whose child is forked and waiting for a block (for readiness and metrics)."""
-        return self.workers.idle_workers
+        return self.workers.idle_workers + (0 if self.plain is None else self.plain.idle_workers)
 
     @property
     def parked_blocks(self) -> int:
@@ -185,11 +216,20 @@ class RuntimePool:
         except BaseException:
             self._choice.close()
             raise
+        if self.plain is not None:
+            try:
+                await self.plain.start()
+            except BaseException:
+                await self.workers.aclose()
+                self._choice.close()
+                raise
 
     async def aclose(self) -> None:
         """Kill every worker (and child); blocks still running end with an error."""
         self.bindings.close()  # their workers are killed with the rest
         await self.workers.aclose()
+        if self.plain is not None:
+            await self.plain.aclose()
         self._choice.close()
 
     async def __aenter__(self) -> RuntimePool:
@@ -243,14 +283,16 @@ class RuntimePool:
             sandbox_tools=sandbox_tools,
         )
         started = time.perf_counter()
+        tier: Tier = "preloaded"
         bound = self.bindings.take(workdir)
         exchange: Exchange | None = None
         process: BlockProcess = "fresh"
         if bound is not None and bound.exchange is not None:
             if bound.resumed_by(code=code, limits=limits, journal=journal):
-                worker, exchange, blocks = bound.worker, bound.exchange, bound.blocks
-                self.workers.set_state(worker, WorkerState.RUNNING)
-                self.workers.count_ooms(worker)
+                worker, exchange, blocks, tier = bound.worker, bound.exchange, bound.blocks, bound.tier
+                workers = self.supervisor(tier)
+                workers.set_state(worker, WorkerState.RUNNING)
+                workers.count_ooms(worker)
                 process = "resumed"
                 running = exchange.resume(journal[-1], on_call=on_call)
             else:
@@ -260,10 +302,17 @@ class RuntimePool:
                 bound.limits == limits
                 and (bound.state is state or bound.state == state)
                 and bound.blocks < LIVE_MAX_BLOCKS
+                # A plain process runs a block that names no preloaded module (its namespace is
+                # the snapshot, so that is not looked at again).
+                and (
+                    bound.tier == "preloaded"
+                    or self._tier(code, snapshot=b"", sandbox_tools=sandbox_tools) == "plain"
+                )
             ):
-                worker, blocks = bound.worker, bound.blocks + 1
-                self.workers.set_state(worker, WorkerState.RUNNING)
-                self.workers.count_ooms(worker)
+                worker, blocks, tier = bound.worker, bound.blocks + 1, bound.tier
+                workers = self.supervisor(tier)
+                workers.set_state(worker, WorkerState.RUNNING)
+                workers.count_ooms(worker)
                 exchange = self._exchange(worker, block=block, names=names, on_call=on_call)
                 keep = self._keeps(blocks)
                 process = "live"
@@ -273,7 +322,9 @@ class RuntimePool:
             else:
                 self._let_go(bound)
         if exchange is None:
-            worker, blocks = await self.workers.acquire(limits), 1
+            tier = self._tier(code, snapshot=state, sandbox_tools=sandbox_tools)
+            workers = self.supervisor(tier)
+            worker, blocks = await workers.acquire(limits), 1
             started = time.perf_counter()
             exchange = self._exchange(worker, block=block, names=names, on_call=on_call)
             keep = self._keeps(blocks)
@@ -289,11 +340,11 @@ class RuntimePool:
                 outcome = await exchange.run(block.encode(keep=keep, snapshot=state), keep=keep)
         except BlockFailed as lost:
             failed = lost
-            if failed.failure == "worker_lost" and self.workers.out_of_memory(worker):
+            if failed.failure == "worker_lost" and workers.out_of_memory(worker):
                 # The OOM killer took the worker itself (a block's processes go first, but a
                 # block may lower their score back): its cgroup says why.
                 failed = BlockFailed("limit", limit_label("memory", limits.model_dump()))
-            self.workers.retire(worker)
+            workers.retire(worker)
             return BlockOutcome(
                 status=failed.status,
                 stdout="",
@@ -309,11 +360,12 @@ class RuntimePool:
                 failure=failed.failure,
             )
         except BaseException:
-            self.workers.retire(worker)
+            workers.retire(worker)
             raise
         if outcome is None:  # parked: suspended, with its process kept
             self._bind(
-                workdir, Bound(worker=worker, limits=limits, blocks=blocks, exchange=exchange, code=code)
+                workdir,
+                Bound(worker=worker, limits=limits, blocks=blocks, tier=tier, exchange=exchange, code=code),
             )
             return BlockOutcome.model_construct(
                 status="suspended",
@@ -334,11 +386,11 @@ class RuntimePool:
         outcome.process = process
         if exchange.live:
             kept = outcome.snapshot if outcome.snapshot is not None else state
-            bound = Bound(worker=worker, limits=limits, blocks=blocks, state=kept)
+            bound = Bound(worker=worker, limits=limits, blocks=blocks, tier=tier, state=kept)
             bound.memory_kb = exchange.grown_kb
             self._bind(workdir, bound)
         else:
-            self.workers.rearm_later(worker)
+            workers.rearm_later(worker)
         return outcome
 
     def _exchange(
@@ -368,22 +420,24 @@ class RuntimePool:
     def _bind(self, workdir: Path, bound: Bound) -> None:
         """Keep ``bound`` for ``workdir``'s next block (``Bindings.keep``); its worker is bound,
         and one more is forked to keep ``size`` free."""
-        if self.bindings.keep(workdir, bound, capacity=self.workers.bound_capacity):
-            self.workers.set_state(bound.worker, WorkerState.BOUND)
-            self.workers.grow()
+        workers = self.supervisor(bound.tier)
+        if self.bindings.keep(workdir, bound, capacity=workers.bound_capacity):
+            workers.set_state(bound.worker, WorkerState.BOUND)
+            workers.grow()
 
     def _let_go(self, bound: Bound) -> None:
         """Release ``bound`` in the background; its worker counts as rearming from now on, so a
         waiting ``acquire`` woken meanwhile does not make another bound process give way too."""
-        self.workers.set_state(bound.worker, WorkerState.REARMING)
-        self.workers.background(self._release(bound))
+        workers = self.supervisor(bound.tier)
+        workers.set_state(bound.worker, WorkerState.REARMING)
+        workers.background(self._release(bound))
 
     async def _release(self, bound: Bound) -> None:
         """Let a bound process stop (a parked block as suspended), then give its worker its
         next child (the worker is rearming throughout)."""
-        worker = bound.worker
+        worker, workers = bound.worker, self.supervisor(bound.tier)
         if worker.state is not WorkerState.REARMING:
-            self.workers.set_state(worker, WorkerState.REARMING)
+            workers.set_state(worker, WorkerState.REARMING)
         try:
             if bound.exchange is not None:
                 await bound.exchange.release()
@@ -391,9 +445,9 @@ class RuntimePool:
                 await worker.send(encode_frame({"t": "release"}))
         except (BlockFailed, FrameError) as exc:
             log.warning("sandbox_worker_recycled", worker=worker.pid, reason=str(exc), bound=True)
-            self.workers.retire(worker)
+            workers.retire(worker)
             return
-        await self.workers.rearm(worker, worker.child_pid, released=bound.exchange is None)
+        await workers.rearm(worker, worker.child_pid, released=bound.exchange is None)
 
     def _block_workdir(self, workdir: Path) -> Path:
         """The workdir as the child gets it: resolved, checked to lie inside the workspaces (when

@@ -99,12 +99,14 @@ async def bwrap_unavailable(workspaces: Path) -> str | None:
 
 
 @asynccontextmanager
-async def started_pool(backend: Backend, workspaces: Path, **options: Any) -> AsyncIterator[RuntimePool]:
-    """A started pool on ``backend`` without preloads (quick to start), closed after; the test
-    skips where bubblewrap cannot run."""
+async def started_pool(
+    backend: Backend, workspaces: Path, *, preload: Sequence[str] = (), **options: Any
+) -> AsyncIterator[RuntimePool]:
+    """A started pool on ``backend``, without preloads unless given (quick to start), closed
+    after; the test skips where bubblewrap cannot run."""
     if backend == "bwrap" and (why := await bwrap_unavailable(workspaces)) is not None:
         pytest.skip(f"bubblewrap cannot run here: {why}")
-    async with RuntimePool(preload=(), sandbox=backend, workspaces=workspaces, **options) as pool:
+    async with RuntimePool(preload=preload, sandbox=backend, workspaces=workspaces, **options) as pool:
         yield pool
 
 

@@ -9,16 +9,18 @@ from typing import Any, cast
 
 from app.runtime.bound import Bindings, Bound
 from app.runtime.schemas import Limits
+from app.runtime.tiers import Tier
 
 CAPACITY = 2
 
 
-def _bound(*, parked: bool = False, memory_kb: int = 0) -> Bound:
+def _bound(*, parked: bool = False, memory_kb: int = 0, tier: Tier = "preloaded") -> Bound:
     """A bound process; its worker and exchange are stand-ins Bindings never touches."""
     return Bound(
         worker=cast(Any, object()),
         limits=Limits(),
         blocks=1,
+        tier=tier,
         exchange=cast(Any, object()) if parked else None,
         memory_kb=memory_kb,
     )
@@ -112,3 +114,24 @@ async def test_nothing_is_kept_or_released_after_close() -> None:
     assert not bindings.keep(Path("/w/b"), late, capacity=CAPACITY)
     assert released.bounds == [late]
     assert not bindings.give_way()
+
+
+async def test_each_tier_holds_its_own_capacity_and_gives_way_within_it() -> None:
+    """Plain and preloaded workers are two supervisors: binding a process of one tier never
+    releases a process of the other (that would free no worker of the tier that is short)."""
+    bindings, released = _bindings()
+    plain = [_bound(tier="plain") for _ in range(3)]
+    preloaded = [_bound(tier="preloaded") for _ in range(2)]
+    assert bindings.keep(Path("/w/p0"), plain[0], capacity=CAPACITY)
+    assert bindings.keep(Path("/w/d0"), preloaded[0], capacity=CAPACITY)
+    assert bindings.keep(Path("/w/d1"), preloaded[1], capacity=CAPACITY)
+    assert bindings.keep(Path("/w/p1"), plain[1], capacity=CAPACITY)
+    assert released.bounds == []  # four bound, two of each tier
+    assert bindings.keep(Path("/w/p2"), plain[2], capacity=CAPACITY)
+    assert released.bounds == [plain[0]]  # the oldest plain one, though preloaded[0] is older still
+    assert bindings.give_way("preloaded")
+    assert released.bounds == [plain[0], preloaded[0]]
+    assert bindings.give_way("preloaded")
+    assert not bindings.give_way("preloaded")  # none of that tier is left
+    assert bindings.give_way()  # either tier: the plain ones are left
+    assert released.bounds[-1] is plain[1]
