@@ -21,6 +21,10 @@ from typing import Final, Literal
 
 Tier = Literal["preloaded", "plain"]
 
+# A snapshot larger than this is not searched (about 1 ms per MiB, on the server's event loop,
+# before each fresh block): its conversation runs on the preloaded workers, as all did before.
+SCAN_BYTES: Final = 1 << 20
+
 # Names a block uses a preloaded module by, beyond the module's own: its usual alias, and the
 # runtime's helper that returns its objects.
 _ALIASES: Final[dict[str, tuple[str, ...]]] = {
@@ -42,11 +46,11 @@ class TierRule:
     def tier(self, code: str, *, snapshot: bytes, sources: Iterable[str] = ()) -> Tier:
         """``preloaded`` when the block's ``code`` or a sandbox tool's source names a preloaded
         module (or its alias), or when its ``snapshot`` refers to one (a pickled array or frame
-        names its module); ``plain`` otherwise."""
+        names its module) or is too large to search (``SCAN_BYTES``); ``plain`` otherwise."""
         if self._words is None:
             return "plain"
         if self._words.search(code) or any(self._words.search(source) for source in sources):
             return "preloaded"
-        if snapshot and any(mark in snapshot for mark in self._marks):
+        if len(snapshot) > SCAN_BYTES or (snapshot and any(mark in snapshot for mark in self._marks)):
             return "preloaded"
         return "plain"

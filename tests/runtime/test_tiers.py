@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.runtime.tiers import TierRule
+from app.runtime.tiers import SCAN_BYTES, TierRule
 
 RULE = TierRule(("numpy", "pandas", "matplotlib.pyplot"))
 
@@ -45,6 +45,13 @@ def test_a_snapshot_that_refers_to_a_preloaded_module_keeps_its_conversation_on_
     plain worker would import it there, at every fresh block of that conversation."""
     assert RULE.tier("print(total)", snapshot=b"\x80\x05...numpy.core.multiarray...") == "preloaded"
     assert RULE.tier("print(total)", snapshot=b"\x80\x05...builtins...") == "plain"
+
+
+def test_a_snapshot_too_large_to_search_keeps_its_conversation_on_them() -> None:
+    """Searching a 50 MB snapshot would hold the server's event loop ~60 ms before each fresh
+    block: past SCAN_BYTES the conversation runs where every conversation ran before."""
+    assert RULE.tier("print(total)", snapshot=b"\0" * SCAN_BYTES) == "plain"
+    assert RULE.tier("print(total)", snapshot=b"\0" * (SCAN_BYTES + 1)) == "preloaded"
 
 
 def test_a_sandbox_tool_that_names_one_runs_on_preloaded_workers() -> None:
