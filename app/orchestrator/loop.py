@@ -343,9 +343,12 @@ class TurnLoop:
         )
         # The parent block holds a sandbox worker while it waits: with none free, the sub-task could
         # wait for ever (and the parent's wall clock is paused during helper calls), so refuse it.
-        if self._pool.idle_workers == 0:
+        # Of each kind: the sub-task's blocks may need the preloads or not, and a plain worker's
+        # block waits for a plain worker (the parent may hold the only one).
+        if not self._pool.every_kind_idle:
             raise HelperError(
-                "sabre_call: no sandbox worker is free for the sub-task (raise SABRE_RUNTIME_WORKERS)"
+                "sabre_call: no sandbox worker is free for the sub-task "
+                "(raise SABRE_RUNTIME_WORKERS, or SABRE_RUNTIME_PLAIN_WORKERS)"
             )
         budget = parent.limits.wall_clock_seconds * parent.max_iterations
         try:

@@ -155,6 +155,12 @@ class RuntimePool:
         return self.workers.idle_workers + (0 if self.plain is None else self.plain.idle_workers)
 
     @property
+    def every_kind_idle(self) -> bool:
+        """Whether a worker of each kind (preloaded, plain) is idle, so that a block of either
+        could start now: a sub-task's check, whose parent block holds its own worker meanwhile."""
+        return self.workers.idle_workers > 0 and (self.plain is None or self.plain.idle_workers > 0)
+
+    @property
     def parked_blocks(self) -> int:
         """Paused blocks whose process waits for a resume here."""
         return self.bindings.parked
@@ -283,7 +289,7 @@ class RuntimePool:
             sandbox_tools=sandbox_tools,
         )
         started = time.perf_counter()
-        tier: Tier = "preloaded"
+        tier: Tier  # the kind of worker that runs it, as each path below finds
         bound = self.bindings.take(workdir)
         exchange: Exchange | None = None
         process: BlockProcess = "fresh"

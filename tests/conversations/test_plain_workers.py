@@ -30,3 +30,33 @@ async def test_blocks_run_on_the_workers_they_need(make_client: AppFactory, llm:
     assert "preloaded: False" in results[0]
     assert "[1, 2, 3]" in results[1]
     assert "preloaded: True" in results[1]
+
+
+async def test_a_sub_task_whose_kind_of_worker_is_all_taken_is_refused_not_left_waiting(
+    make_client: AppFactory, llm: ScriptedLLM
+) -> None:
+    """The parent block holds the only plain worker while it waits on ``sabre_call``: the
+    sub-task's own plain block would wait for it for ever (the preloaded worker that is free does
+    not serve plain blocks), so the call fails at once, saying why."""
+    call = "try:\n    sabre_call('Add', [2, 3])\nexcept Exception as exc:\n    print('refused:', exc)"
+    llm.script(f"<helpers>\n{call}\n</helpers>", "done")
+    async with make_client(runtime_preload="colorsys", runtime_workers=1, runtime_plain_workers=1) as client:
+        turn = (await client.post("/v1/conversations", json={"input": "delegate"})).json()
+    assert turn["status"] == "completed", turn
+    assert len(llm.requests) == 2  # no sub-task ran
+    assert "refused: sabre_call: no sandbox worker is free for the sub-task" in llm.requests[1].last_user_text
+
+
+async def test_a_sub_task_runs_when_a_worker_of_each_kind_is_free(
+    make_client: AppFactory, llm: ScriptedLLM
+) -> None:
+    llm.script(
+        "<helpers>\nprint('sub said:', sabre_call('Add the numbers', [2, 3]))\n</helpers>",
+        "<helpers>\nprint(sum([2, 3]))\n</helpers>",  # the sub-task's block: plain, on the other plain worker
+        "5",
+        "The sum is 5.",
+    )
+    async with make_client(runtime_preload="colorsys", runtime_workers=1, runtime_plain_workers=2) as client:
+        turn = (await client.post("/v1/conversations", json={"input": "delegate"})).json()
+    assert turn["status"] == "completed", turn
+    assert "sub said: 5" in llm.requests[3].all_text
