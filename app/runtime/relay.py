@@ -384,13 +384,14 @@ class ChildLink:
         finally:
             self.stop_watchdog()
 
-    def _start_watchdog(self) -> None:
+    def _start_watchdog(self) -> threading.Thread:
         """Start the thread that measures the quotas on a timer of its own (a child that stalls
         a read or a write of the relay loop for up to STALL_SECONDS must not stop it). Started
         while the child is idle, off the request path; it measures while a block runs, on its
         own timer, and sleeps between blocks (``_watch_quota``)."""
         self._watchdog = threading.Thread(target=self._watch_quota, daemon=True)
         self._watchdog.start()
+        return self._watchdog
 
     def stop_watchdog(self) -> None:
         """Stop the quota watchdog and wait until it has returned (at once if it never started).
