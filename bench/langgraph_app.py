@@ -20,6 +20,7 @@ Environment: ``LANGGRAPH_DATABASE_URL`` (``postgresql://...``), ``OPENAI_BASE_UR
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import uuid
@@ -36,6 +37,7 @@ from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.prebuilt import tools_condition
 from langgraph.types import Command, interrupt
+from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel, Field
@@ -109,6 +111,19 @@ def build_graph(model: ChatOpenAI) -> StateGraph[MessagesState]:
     return graph
 
 
+async def _take_setup_lock(connection: AsyncConnection[Any]) -> None:
+    """Take the setup lock by polling: a statement waiting in pg_advisory_lock holds a snapshot,
+    and setup()'s CREATE INDEX CONCURRENTLY in the process holding the lock waits for every
+    such snapshot to end (a deadlock PostgreSQL does not detect)."""
+    for _ in range(1200):  # 60 s
+        cursor = await connection.execute("SELECT pg_try_advisory_lock(%s) AS taken", (SETUP_LOCK,))
+        row = await cursor.fetchone()  # a dict: the pool's row factory
+        if row is not None and row["taken"]:
+            return
+        await asyncio.sleep(0.05)
+    raise TimeoutError("another server process held the LangGraph setup lock for 60 s")
+
+
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     """One connection pool and one compiled graph per process."""
@@ -120,7 +135,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         checkpointer = AsyncPostgresSaver(pool)  # type: ignore[arg-type]
         # setup() migrates; with several server processes, one at a time.
         async with pool.connection() as connection:
-            await connection.execute("SELECT pg_advisory_lock(%s)", (SETUP_LOCK,))
+            await _take_setup_lock(connection)
             try:
                 await checkpointer.setup()
             finally:
