@@ -5,7 +5,8 @@ from a ``time.perf_counter()`` the code prints; the clock is system-wide), the w
 blocks per second for a trivial block with two workers, a resume after 1 and after 100 earlier
 external calls, idle worker memory, CPU per block (server, workers and their children together), the
 same for the next block of a conversation whose process is live (``live_seconds``: no fork, no
-snapshot restore), alone and with two conversations at once, and two references: a cold
+snapshot restore), alone and with two conversations at once, a new conversation's block from a
+snapshot in a process readied for it (``RuntimePool.prepare``) against a fresh one, and two references: a cold
 ``python -c pass`` and the same trivial block run by ``exec()`` in-process (no isolation at all).
 Latencies are measured with the pool idle (each block finds a forked child waiting), as a
 request arriving at a server would.
@@ -222,6 +223,66 @@ async def live_costs(
     }
 
 
+def _snapshot_code(preload: Sequence[str]) -> str:
+    """A block whose namespace makes the snapshot rows' snapshot (a DataFrame when pandas is
+    preloaded)."""
+    if {"numpy", "pandas"} <= set(preload):
+        return (
+            "import numpy as np\nimport pandas as pd\n"
+            "df = pd.DataFrame({'a': range(1000), 'b': ['x'] * 1000})\n"
+            "def f(x):\n    return x + 1\n"
+        )
+    return "x = list(range(1000))\ndef f(x):\n    return x + 1\n"
+
+
+async def prepared_costs(
+    preload: Sequence[str], sandbox: SandboxMode, workspaces: Path, snapshot_code: str, rounds: int
+) -> dict[str, float]:
+    """A new conversation's block from a snapshot, fresh or in a process readied for it
+    (``RuntimePool.prepare``, which the service starts when the model's answer opens a block): with
+    time to get ready (a model writing the code), and overtaken by the block (a model that
+    answers at once), then the block waits for the readying and costs a round trip more. p50 of
+    ``rounds`` each, interleaved; the pool idle before each."""
+    async with RuntimePool(
+        size=2, preload=preload, sandbox=sandbox, workspaces=workspaces, live_seconds=60.0, live_processes=8
+    ) as pool:
+        source = workspaces / "prepared-source"
+        source.mkdir()
+        bench = Bench(pool, source, 2)
+        data = await bench.run(snapshot_code)
+        assert data.status == "ok", data.error
+        assert data.snapshot is not None
+        times: dict[str, list[tuple[float, float]]] = {"fresh": [], "ready": [], "overtaken": []}
+        for i in range(rounds):
+            for mode, runs in times.items():
+                bench.workdir = workspaces / f"prepared-{mode}-{i}"
+                bench.workdir.mkdir()
+                await bench.until_idle()
+                if mode != "fresh":
+                    pool.prepare(
+                        snapshot=data.snapshot,
+                        workdir=bench.workdir,
+                        limits=bench.limits,
+                        internal_helpers=(),
+                        external_tools={},
+                    )
+                    for _ in range(10_000):  # "ready": until the readied process is bound
+                        if mode != "ready" or pool.bindings.holds(bench.workdir):
+                            break
+                        await asyncio.sleep(0.001)
+                    await bench.until_idle()
+                began = time.perf_counter()
+                outcome = await bench.run(TRIVIAL, snapshot=data.snapshot)
+                expected = "fresh" if mode == "fresh" else "prepared"
+                assert outcome.process == expected, (mode, outcome.process)
+                runs.append((float(outcome.stdout) - began, time.perf_counter() - began))
+    return {
+        f"{mode} {what}": pct([run[index] for run in runs], 0.5)
+        for mode, runs in times.items()
+        for index, what in enumerate(("start", "total"))
+    }
+
+
 def _children(pid: int) -> list[int]:
     found = []
     for entry in os.listdir("/proc"):
@@ -306,13 +367,7 @@ async def main(workers: int, blocks: int, preload: Sequence[str], sandbox: Sandb
         async with RuntimePool(size=workers, preload=preload, sandbox=sandbox, workspaces=workspaces) as pool:
             startup = time.perf_counter() - began
             bench = Bench(pool, workspaces / "conversation", workers)
-            data = await bench.run(
-                "import numpy as np\nimport pandas as pd\n"
-                "df = pd.DataFrame({'a': range(1000), 'b': ['x'] * 1000})\n"
-                "def f(x):\n    return x + 1\n"
-                if {"numpy", "pandas"} <= set(preload)
-                else "x = list(range(1000))\ndef f(x):\n    return x + 1\n"
-            )
+            data = await bench.run(_snapshot_code(preload))
             await bench.start_latency(20, None)  # warm the parent's code paths
             starts, totals = await bench.start_latency(200, None)
             snap_starts, snap_totals = await bench.start_latency(100, data.snapshot)
@@ -322,6 +377,7 @@ async def main(workers: int, blocks: int, preload: Sequence[str], sandbox: Sandb
             rss, worker_private, child_private = memory()
             resume_1, resume_100 = await bench.resume_costs(40)
         live = await live_costs(preload, sandbox, workspaces, blocks)
+        prepared = await prepared_costs(preload, sandbox, workspaces, _snapshot_code(preload), 60)
     spawn = cold_spawn()
     exec_time = in_process()
 
@@ -351,6 +407,16 @@ async def main(workers: int, blocks: int, preload: Sequence[str], sandbox: Sandb
             "  with a snapshot: round trip p50",
             f"{pct(snap_totals, 0.5) * ms:.3f} ms",
             "restore + run + snapshot again",
+        ),
+        (
+            "  readied ahead: start p50 / round trip p50",
+            f"{prepared['ready start'] * ms:.3f} / {prepared['ready total'] * ms:.3f} ms",
+            f"prepare() done before the block (fresh here: {prepared['fresh total'] * ms:.3f} ms)",
+        ),
+        (
+            "  readying overtaken: round trip p50",
+            f"{prepared['overtaken total'] * ms:.3f} ms",
+            "the block came right after prepare(): it waits, one round trip more",
         ),
         ("blocks/s (trivial block)", f"{rate:.0f}", f"{workers} workers, {2 * workers} in flight"),
         ("resume after 1 call, p50", f"{resume_1 * ms:.3f} ms", "the block replays 1 answered call"),

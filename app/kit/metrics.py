@@ -37,7 +37,8 @@ BLOCKS = Counter("sabre_blocks_total", "Sandbox blocks run, by outcome.", ["outc
 BLOCK_PROCESSES = Counter(
     "sabre_block_processes_total",
     "Sandbox blocks by the process they ran in: fresh (a new fork replaying the journal), live (the "
-    "process the conversation's last block left), resumed (its paused block, continued in place).",
+    "process the conversation's last block left), prepared (a new fork readied while the model wrote "
+    "the block), resumed (its paused block, continued in place).",
     ["process"],
 )
 BLOCK_FAILURES = Counter(

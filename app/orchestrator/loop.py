@@ -10,11 +10,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import functools
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypedDict, TypeVar
 
 import structlog
 
@@ -33,11 +33,11 @@ from app.orchestrator.messages import (
     ToolCallPart,
     TranscriptMessage,
 )
-from app.orchestrator.parser import blocks, parse, prose
+from app.orchestrator.parser import OPEN, blocks, parse, prose
 from app.orchestrator.paused import PausedBlock, PendingCall, ResumeBlock
 from app.orchestrator.render import StoredMessage, render_helpers_result, to_llm_messages
 from app.personas.models import Network
-from app.runtime import BlockOutcome, CallReply, HelperCall, Limits, RuntimePool
+from app.runtime import BlockOutcome, CallReply, HelperCall, Limits, RuntimePool, SandboxTool
 from app.tools.registry import Tool, ToolRegistry
 
 log = structlog.get_logger(__name__)
@@ -169,7 +169,10 @@ class TurnLoop:
                     if events is not None
                     else None
                 )
-                on_delta = _delta_sink(events, llm_event)
+                on_delta = _watch_for_block(
+                    _delta_sink(events, llm_event),
+                    functools.partial(self._prepare_block, turn, snapshot),
+                )
                 try:
                     response = await _unless_cancelled(
                         tracing.traced(
@@ -235,16 +238,11 @@ class TurnLoop:
                             snapshot=snapshot,
                             workdir=turn.workdir,
                             limits=turn.limits,
-                            internal_helpers=[
-                                *SERVICE_HELPERS,
-                                *(t.name for t in turn.tools.run_by("service")),
-                            ],
-                            external_tools={t.name: t.param_names for t in turn.tools.run_by("caller")},
+                            **_block_names(turn.tools),
                             journal=block.journal,
                             on_call=functools.partial(
                                 self._on_call, ctx, turn.tools, events=events, parent=block_event
                             ),
-                            sandbox_tools=turn.tools.sandbox_tools(),
                         ),
                     ),
                     turn.cancel,
@@ -366,6 +364,18 @@ class TurnLoop:
             raise HelperError(f"sabre_call: the sub-task did not complete: {reason}")
         return outcome.output or ""
 
+    def _prepare_block(self, turn: TurnInput, snapshot: bytes | None) -> None:
+        """The model opened a block: have the conversation's process ready for it while the
+        model writes the code (entered, its snapshot restored), unless one is live already.
+
+        Only with a snapshot to restore: without one a fresh child is about as quick, and a
+        readying the block overtakes (a model that answers at once) costs the block a round trip
+        more (``bench/runtime_bench.py``: prepared rows)."""
+        if not snapshot:
+            return
+        names = _block_names(turn.tools)
+        self._pool.prepare(snapshot=snapshot, workdir=turn.workdir, limits=turn.limits, **names)
+
     async def _on_call(
         self,
         ctx: HelperContext,
@@ -478,6 +488,42 @@ async def _unless_cancelled(work: Awaitable[T], cancel: asyncio.Event | None) ->
             if not task.cancelled():
                 task.exception()  # how the cancelled work ended is of no interest (and not logged)
     raise TurnCancelled
+
+
+class _BlockNames(TypedDict):
+    """The names a turn's blocks get, as ``RuntimePool.run_block`` and ``prepare`` take them."""
+
+    internal_helpers: list[str]
+    external_tools: dict[str, list[str]]
+    sandbox_tools: list[SandboxTool]
+
+
+def _block_names(tools: ToolRegistry) -> _BlockNames:
+    return {
+        "internal_helpers": [*SERVICE_HELPERS, *(t.name for t in tools.run_by("service"))],
+        "external_tools": {t.name: t.param_names for t in tools.run_by("caller")},
+        "sandbox_tools": list(tools.sandbox_tools()),
+    }
+
+
+def _watch_for_block(forward: DeltaCallback | None, opened: Callable[[], None]) -> DeltaCallback:
+    """The model's text as it streams, passed on to ``forward``; ``opened`` is called once, as
+    soon as the text opens a ``<helpers>`` block (the tag may straddle two pieces)."""
+    tail: str | None = ""  # None once the block opened
+
+    async def on_delta(text: str) -> None:
+        nonlocal tail
+        if tail is not None:
+            window = tail + text
+            if OPEN in window:
+                tail = None
+                opened()
+            else:
+                tail = window[-(len(OPEN) - 1) :]
+        if forward is not None:
+            await forward(text)
+
+    return on_delta
 
 
 def _delta_sink(events: TurnRecorder | None, parent: str | None) -> DeltaCallback | None:

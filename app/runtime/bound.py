@@ -27,6 +27,10 @@ class Bound:
     code: str = ""
     state: bytes = b""
     memory_kb: int = 0  # live: what its resident memory grew by since its fork
+    # Readied for the conversation's next block before its code was known (``RuntimePool.prepare``):
+    # it ran no block yet, and ``dropped`` are the names its snapshot could not restore.
+    prepared: bool = False
+    dropped: tuple[str, ...] = ()
     timer: asyncio.TimerHandle | None = None  # its release when it stays unused too long
 
     def cancel_timer(self) -> None:
@@ -75,6 +79,10 @@ class Bindings:
     def live(self) -> int:
         """Processes bound to a conversation between its blocks."""
         return sum(1 for bound in self._bound.values() if bound.exchange is None)
+
+    def holds(self, workdir: Path) -> bool:
+        """Whether a process is bound to ``workdir``'s conversation."""
+        return workdir in self._bound
 
     def take(self, workdir: Path) -> Bound | None:
         """The process bound to ``workdir``'s conversation, no longer bound (None: none)."""

@@ -87,9 +87,12 @@ class BlockRequest:
         when a process gets the block (a resumed one continues its exchange)."""
         return journal_bytes([entry.to_wire() for entry in self.journal])
 
-    def encode(self, *, keep: bool, snapshot: bytes = b"", live_pid: int | None = None) -> bytes:
+    def encode(
+        self, *, keep: bool, snapshot: bytes = b"", live_pid: int | None = None, prepare: bool = False
+    ) -> bytes:
         """The ``run`` frame: for a fresh child with the snapshot to restore, or (``live_pid``)
-        for the live child of this conversation, which has the namespace already."""
+        for the live child of this conversation, which has the namespace already; ``prepare``:
+        the child restores the snapshot and stays live, running no code (``code`` is ignored)."""
         header = run_request(
             code=self.code,
             workdir=str(self.workdir),
@@ -101,6 +104,7 @@ class BlockRequest:
             local_tools=[(t.name, list(t.params), t.file, t.function, t.source) for t in self.sandbox_tools],
             keep=keep,
             live_pid=live_pid,
+            prepare=prepare,
         )
         return encode_frame(header, b"" if live_pid is not None else snapshot)
 

@@ -21,6 +21,7 @@ refuses to start when the caller forbids that fallback (``fallback=False``).
 
 from __future__ import annotations
 
+import asyncio
 import keyword
 import os
 import time
@@ -45,7 +46,16 @@ from app.runtime.protocol import (
     encode_frame,
     limit_label,
 )
-from app.runtime.schemas import BlockOutcome, BlockProcess, CallRunner, JournalEntry, Limits, SandboxTool
+from app.runtime.schemas import (
+    BlockOutcome,
+    BlockProcess,
+    CallReply,
+    CallRunner,
+    HelperCall,
+    JournalEntry,
+    Limits,
+    SandboxTool,
+)
 from app.runtime.supervisor import WorkerSupervisor
 from app.runtime.tiers import Tier, TierRule
 from app.runtime.worker_process import WorkerProcess, WorkerState
@@ -124,6 +134,8 @@ class RuntimePool:
             cgroup_root=cgroup_root,
             evict=lambda: self.bindings.give_way("preloaded"),
         )
+        # Processes being readied for a conversation's next block (``prepare``), by workdir.
+        self._preparing: dict[Path, asyncio.Task[None]] = {}
         # Workers without the preloads, for the blocks that do not need them (None: none).
         self.plain: WorkerSupervisor | None = None
         self._tiers = TierRule(preload)
@@ -274,6 +286,11 @@ class RuntimePool:
         if not workdir.is_absolute():
             raise ValueError(f"workdir must be an absolute path, not {workdir}")
         workdir = self._block_workdir(workdir)
+        preparing = self._preparing.get(workdir)
+        if preparing is not None:
+            # Its process is being readied: wait for it (a fresh fork meanwhile would be a second
+            # process for the conversation). Only waited for: cancelling this call leaves it be.
+            await asyncio.wait({preparing})
         names: dict[str, CallRunner] = {
             **dict.fromkeys(internal_helpers, "service"),
             **dict.fromkeys(external_tools, "caller"),
@@ -290,6 +307,7 @@ class RuntimePool:
         )
         started = time.perf_counter()
         tier: Tier  # the kind of worker that runs it, as each path below finds
+        dropped: tuple[str, ...] = ()  # names a prepared process could not restore
         bound = self.bindings.take(workdir)
         exchange: Exchange | None = None
         process: BlockProcess = "fresh"
@@ -321,7 +339,8 @@ class RuntimePool:
                 workers.count_ooms(worker)
                 exchange = self._exchange(worker, block=block, names=names, on_call=on_call)
                 keep = self._keeps(blocks)
-                process = "live"
+                process = "prepared" if bound.prepared else "live"
+                dropped = bound.dropped
                 running = exchange.run(
                     block.encode(keep=keep, live_pid=worker.child_pid), keep=keep, live_run=True
                 )
@@ -340,7 +359,7 @@ class RuntimePool:
                 outcome = await running
             except LiveGone:
                 # The live process died between blocks: its worker has a fresh child now.
-                blocks, process = 1, "fresh"
+                blocks, process, dropped = 1, "fresh", ()
                 exchange = self._exchange(worker, block=block, names=names, on_call=on_call)
                 keep = self._keeps(blocks)
                 outcome = await exchange.run(block.encode(keep=keep, snapshot=state), keep=keep)
@@ -390,6 +409,8 @@ class RuntimePool:
             )
         outcome.duration_ms = (time.perf_counter() - started) * 1e3
         outcome.process = process
+        if dropped:  # as a fresh block would have said, restoring the same snapshot
+            outcome.dropped = list(dict.fromkeys([*dropped, *outcome.dropped]))
         if exchange.live:
             kept = outcome.snapshot if outcome.snapshot is not None else state
             bound = Bound(worker=worker, limits=limits, blocks=blocks, tier=tier, state=kept)
@@ -398,6 +419,95 @@ class RuntimePool:
         else:
             workers.rearm_later(worker)
         return outcome
+
+    def prepare(
+        self,
+        *,
+        snapshot: bytes | None,
+        workdir: Path,
+        limits: Limits,
+        internal_helpers: Sequence[str],
+        external_tools: Mapping[str, Sequence[str]],
+        sandbox_tools: Sequence[SandboxTool] = (),
+    ) -> bool:
+        """Ready a process for ``workdir``'s next block while its code is still being written
+        (the model's answer has opened a block): in the background, a fresh child enters the
+        directory, restores ``snapshot`` and stays bound to the conversation as a live process
+        does after a block. The block, when ``run_block`` gets it with the same snapshot, limits
+        and names, then starts as a live process's next block does, without a fork or a restore
+        on its way; its outcome says ``prepared``.
+
+        Nothing happens (False) when processes may not stay bound (``live_seconds`` 0, no room),
+        one is bound to ``workdir`` already or being readied, or ``workdir`` is not one the pool
+        runs blocks in. A readying that fails is logged only: the block then starts fresh.
+        Restoring runs the snapshot's own code (what its objects do when unpickled) before the
+        block is known, as the block's own start would; a block that never comes leaves the
+        process to expire like any live one."""
+        if self.workers.closed or not self._may_bind() or not workdir.is_absolute():
+            return False
+        try:
+            workdir = self._block_workdir(workdir)
+        except ValueError:
+            return False
+        if workdir in self._preparing or self.bindings.holds(workdir):
+            return False
+        _check_names([*internal_helpers, *(tool.name for tool in sandbox_tools)], external_tools)
+        block = BlockRequest(
+            code="",
+            workdir=workdir,
+            limits=limits,
+            internal_helpers=internal_helpers,
+            external_tools=external_tools,
+            journal=(),
+            sandbox_tools=sandbox_tools,
+        )
+        task = self.workers.background(self._prepare(block, state=snapshot or b""))
+        self._preparing[workdir] = task
+        task.add_done_callback(lambda done: self._prepared(workdir, done))
+        return True
+
+    def _prepared(self, workdir: Path, task: asyncio.Task[None]) -> None:
+        if self._preparing.get(workdir) is task:
+            del self._preparing[workdir]
+
+    async def _prepare(self, block: BlockRequest, *, state: bytes) -> None:
+        """``prepare``'s background part: a fresh child restores ``state`` and stays live."""
+        tier = self._tier("", snapshot=state, sandbox_tools=block.sandbox_tools)
+        workers = self.supervisor(tier)
+        worker = await workers.acquire(block.limits)
+        names: dict[str, CallRunner] = {
+            **dict.fromkeys(block.internal_helpers, "service"),
+            **dict.fromkeys(block.external_tools, "caller"),
+        }
+        exchange = self._exchange(worker, block=block, names=names, on_call=_no_call_while_preparing)
+        keep = self._keeps(1)
+        try:
+            outcome = await exchange.run(block.encode(keep=keep, snapshot=state, prepare=True), keep=keep)
+        except (BlockFailed, _CallWhilePreparing) as failed:
+            log.warning("sandbox_prepare_failed", worker=worker.pid, reason=str(failed))
+            workers.retire(worker)
+            return
+        except BaseException:
+            workers.retire(worker)
+            raise
+        if outcome is None or outcome.status != "ok" or not exchange.live:
+            # It could not stay (a thread its snapshot started, no room meanwhile): the block
+            # starts fresh, and restores the snapshot itself.
+            if outcome is not None and outcome.status != "ok":
+                log.info("sandbox_prepare_ended", status=outcome.status, why=outcome.error or outcome.limit)
+            workers.rearm_later(worker)
+            return
+        bound = Bound(
+            worker=worker,
+            limits=block.limits,
+            blocks=1,
+            tier=tier,
+            state=state,
+            prepared=True,
+            dropped=tuple(outcome.dropped),
+        )
+        bound.memory_kb = exchange.grown_kb
+        self._bind(block.workdir, bound)
 
     def _exchange(
         self, worker: WorkerProcess, *, block: BlockRequest, names: Mapping[str, CallRunner], on_call: OnCall
@@ -483,6 +593,19 @@ class RuntimePool:
         """Who a block in ``workdir`` runs as when the server is root (None: the server's user):
         the process backend gives each conversation a user of its own."""
         return isolation.conversation_identity(str(workdir), base=self._choice.identity, backend=self.sandbox)
+
+
+class _CallWhilePreparing(Exception):
+    """A helper called while a process was being readied (its snapshot's objects, unpickled)."""
+
+    def __str__(self) -> str:
+        return f"restoring the snapshot called {self.args[0]}: the block starts fresh instead"
+
+
+async def _no_call_while_preparing(call: HelperCall) -> CallReply:
+    """No block runs while a process is readied: a call then (from the snapshot's own code)
+    ends the readying, and the block starts fresh, where that call is the block's own."""
+    raise _CallWhilePreparing(call.name)
 
 
 def _check_names(internal: Sequence[str], external: Mapping[str, Sequence[str]]) -> None:

@@ -124,7 +124,9 @@ class RunRequest(TypedDict):
 
     ``helpers`` are the names the service runs, ``tools`` the caller's (name -> parameters),
     ``local_tools`` the sandbox's own; ``keep`` asks the process to stay live after the block;
-    ``live`` and ``pid`` address the live process of the conversation (no snapshot then)."""
+    ``live`` and ``pid`` address the live process of the conversation (no snapshot then);
+    ``prepare``: no code yet, the process only restores the snapshot and stays live, ready for
+    the conversation's next block (``RuntimePool.prepare``)."""
 
     t: Literal["run"]
     v: int
@@ -141,6 +143,7 @@ class RunRequest(TypedDict):
     keep: bool
     live: NotRequired[bool]
     pid: NotRequired[int]
+    prepare: NotRequired[bool]
 
 
 def run_request(
@@ -155,6 +158,7 @@ def run_request(
     local_tools: Sequence[WireTool] = (),
     keep: bool = False,
     live_pid: int | None = None,
+    prepare: bool = False,
 ) -> RunRequest:
     """The one place a ``run`` header is built (the pool's blocks and the worker's warm-up);
     ``replayed_bytes``: ``journal_bytes(journal)`` when the caller measured it already."""
@@ -174,6 +178,8 @@ def run_request(
     if live_pid is not None:
         request["live"] = True
         request["pid"] = live_pid
+    if prepare:
+        request["prepare"] = True
     return request
 
 

@@ -166,7 +166,7 @@ class JournalEntry(BaseModel):
         return [self.name, self.digest, None, self.error_type or "Error", self.error_message or ""]
 
 
-BlockProcess = Literal["fresh", "live", "resumed"]
+BlockProcess = Literal["fresh", "live", "prepared", "resumed"]
 # Why the runtime ended a block that did not report its own end (stable codes, for metrics and logs):
 # a resource limit; the block broke the protocol (a frame the child may not send, a lie about its
 # replay, a forged figure); its process was killed by a signal (often the memory limit) or exited
@@ -197,8 +197,9 @@ class BlockOutcome(BaseModel):
     - ``failure``: why the runtime ended the block when it did not report its own end (``error``
       or ``limit`` then says it in words); None when it did.
     - ``process``: where it ran: ``fresh`` (a new fork, restoring the snapshot and replaying the
-      journal), ``live`` (the process its conversation's last block left live) or ``resumed`` (its
-      own paused block, continued in the process that kept it).
+      journal), ``live`` (the process its conversation's last block left live), ``prepared`` (a
+      process readied for it while its code was being written: ``RuntimePool.prepare``) or
+      ``resumed`` (its own paused block, continued in the process that kept it).
     """
 
     status: Literal["ok", "error", "limit", "suspended"]

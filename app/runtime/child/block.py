@@ -610,6 +610,10 @@ class Block:
             ns.update(fixed)
             ns["__builtins__"] = builtins
             ns["__name__"] = "__main__"
+            if request.get("prepare"):
+                # Ready for the conversation's next block: the namespace is the snapshot's, as
+                # the block would find it; nothing ran, so there is nothing to snapshot again.
+                return self._finish("ok", error=None, helpers=helpers, dropped=dropped)
             try:
                 compiled = compile(request["code"], BLOCK_FILENAME, "exec", dont_inherit=True)
             except SyntaxError as exc:
