@@ -374,7 +374,10 @@ class TurnLoop:
         if not snapshot:
             return
         names = _block_names(turn.tools)
-        self._pool.prepare(snapshot=snapshot, workdir=turn.workdir, limits=turn.limits, **names)
+        try:
+            self._pool.prepare(snapshot=snapshot, workdir=turn.workdir, limits=turn.limits, **names)
+        except (OSError, ValueError) as exc:  # the block will say what is wrong, if anything is
+            log.warning("block_prepare_failed", turn_id=turn.turn_id, error=str(exc))
 
     async def _on_call(
         self,

@@ -490,12 +490,18 @@ class RuntimePool:
         except BaseException:
             workers.retire(worker)
             raise
-        if outcome is None or outcome.status != "ok" or not exchange.live:
-            # It could not stay (a thread its snapshot started, no room meanwhile): the block
-            # starts fresh, and restores the snapshot itself.
-            if outcome is not None and outcome.status != "ok":
-                log.info("sandbox_prepare_ended", status=outcome.status, why=outcome.error or outcome.limit)
-            workers.rearm_later(worker)
+        if outcome is None or outcome.status != "ok" or not exchange.live or exchange.journal:
+            # It could not stay (a thread its snapshot started, no room meanwhile), or restoring
+            # ran a journaled helper (an object of the snapshot that writes a file as it loads),
+            # whose entry belongs at the head of the block's journal: the block starts fresh,
+            # and restores the snapshot itself.
+            if outcome is not None and (outcome.status != "ok" or exchange.journal):
+                why = outcome.error or outcome.limit or "restoring journaled a call"
+                log.info("sandbox_prepare_ended", status=outcome.status, why=why)
+            if exchange.live:
+                self._let_go(Bound(worker=worker, limits=block.limits, blocks=1, tier=tier))
+            else:
+                workers.rearm_later(worker)
             return
         bound = Bound(
             worker=worker,

@@ -95,6 +95,24 @@ def resolve_helper(name: str, helpers: Mapping[str, object]) -> object:
     return unavailable
 
 
+_HELPER_MARK: Final = "__sabre_helper__"
+
+
+def mark_helper(function: types.FunctionType | Callable[..., Any], name: str) -> None:
+    """Mark a block's helper function with its name, so that it is stored by name wherever it is
+    kept (``helper_name``): also once a later block of a live process has helpers of its own."""
+    function.__dict__[_HELPER_MARK] = name
+
+
+def helper_name(obj: object) -> str | None:
+    """The name a helper function was marked with (``mark_helper``), else None. Read from the
+    function's own ``__dict__``: no attribute lookup of an arbitrary object runs its code."""
+    if type(obj) is not types.FunctionType:
+        return None
+    name = obj.__dict__.get(_HELPER_MARK)
+    return name if type(name) is str else None
+
+
 class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
     """cloudpickle, plus: block functions keep the namespace as globals, helpers go by name.
 
@@ -109,7 +127,7 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
         self._helpers = helpers
 
     def reducer_override(self, obj: Any) -> Any:
-        helper = self._helpers.get(id(obj))
+        helper = self._helpers.get(id(obj)) or helper_name(obj)
         if helper is not None:
             return (_helper_ref, (helper,))
         if type(obj) is types.FunctionType and obj.__globals__ is self._namespace:

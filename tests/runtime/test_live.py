@@ -412,3 +412,40 @@ async def test_after_its_last_block_a_live_process_gives_way_to_a_fresh_one(
     assert counts == tuple(str(i) for i in range(1, LIVE_MAX_BLOCKS + 3))
     assert len(set(marks[:LIVE_MAX_BLOCKS])) == 1
     assert marks[LIVE_MAX_BLOCKS] == marks[LIVE_MAX_BLOCKS + 1] != marks[0]
+
+
+async def test_a_tool_kept_in_a_value_is_the_next_blocks_own(live: RuntimePool, workspaces: Path) -> None:
+    """A tool an earlier block put in a list (not a variable of its own, which the next block
+    rebinds) is, in the live process's next block, that block's tool of the name: as in a fresh
+    fork, where the snapshot restores it by name. Called alone or in a ``parallel`` batch (one
+    pause for the batch), and kept in the snapshot after it."""
+    tools = {"ask": ["q"]}
+    workdir = conversation(workspaces)
+    first = await run(live, "fs = [ask]\n", workdir=workdir, tools=tools)
+    assert first.status == "ok", first.error
+    answers = Recorder(lambda call: CallReply(kind="value", value=call.arguments["q"] * 2))
+    second = await run(
+        live, "result(fs[0](q=21))\n", workdir=workdir, snapshot=first.snapshot, tools=tools, on_call=answers
+    )
+    assert (second.status, second.process, second.results) == ("ok", "live", ["42"]), second.error
+    assert second.snapshot is not None
+    suspend = Recorder(lambda call: CallReply(kind="suspend"))
+    third = await run(
+        live,
+        "result(parallel(fs[0], [{'q': 1}, {'q': 2}]))\n",
+        workdir=workdir,
+        snapshot=second.snapshot,
+        tools=tools,
+        on_call=suspend,
+    )
+    assert (third.status, third.process) == ("suspended", "live"), third.error
+    assert len(third.all_pending) == 2  # one pause carries the batch
+    fresh = await run(
+        live,
+        "result(fs[0](q=1))\n",
+        workdir=conversation(workspaces),
+        snapshot=second.snapshot,
+        tools=tools,
+        on_call=answers,
+    )
+    assert (fresh.status, fresh.results) == ("ok", ["2"]), fresh.error

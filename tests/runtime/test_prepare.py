@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from app.runtime import CallReply, Limits, RuntimePool
+from app.runtime import CallReply, JournalEntry, Limits, RuntimePool
 from tests.runtime.support import BACKENDS, Recorder, run, started_pool
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -201,3 +201,51 @@ async def test_names_its_snapshot_could_not_restore_are_reported_with_the_block(
     await ready(pool, workdir, first.snapshot)
     block = await run(pool, "y = 1\n", workdir=workdir, snapshot=first.snapshot)
     assert (block.status, block.process, block.dropped) == ("ok", "prepared", ["mymod"]), block.error
+
+
+async def test_a_tool_kept_in_a_value_is_the_blocks_own(pool: RuntimePool, workspaces: Path) -> None:
+    """A tool held inside a value (a list) restores, in a fresh fork, to the block's tool: so too in
+    a readied process, whose restore ran with the readying's own helpers."""
+    tools = {"add_one": ["x"]}
+    first = await run(pool, "fs = [add_one]\n", workdir=conversation(workspaces), tools=tools)
+    assert first.status == "ok", first.error
+    workdir = conversation(workspaces)
+    await ready(pool, workdir, first.snapshot, tools=tools)
+    calls = Recorder(lambda call: CallReply(kind="value", value=call.arguments["x"] + 1))
+    code = "result(fs[0](x=41))\n"
+    block = await run(pool, code, workdir=workdir, snapshot=first.snapshot, tools=tools, on_call=calls)
+    assert (block.status, block.process, block.results) == ("ok", "prepared", ["42"]), block.error
+    assert [call.name for call in calls.calls] == ["add_one"]
+    again = await run(
+        pool, code, workdir=conversation(workspaces), snapshot=block.snapshot, tools=tools, on_call=calls
+    )
+    assert (again.status, again.results) == ("ok", ["42"]), again.error  # the snapshot kept it
+
+
+async def test_a_restore_that_journals_a_helper_gives_the_block_a_fresh_start(
+    pool: RuntimePool, workspaces: Path
+) -> None:
+    """Restoring ran FS.write_file (an object's ``__reduce__``): a fresh block journals it first,
+    so that its replay meets it again. The readying, which has no block to journal it for, gives
+    up: the block starts fresh and its journal is a fresh block's, so a resume replayed from the
+    snapshot elsewhere does not diverge."""
+    tools = {"ask": ["q"]}
+    writes = (
+        "class C:\n    def __reduce__(self):\n        return (FS.write_file, ('restored.txt', 'x'))\n"
+        "c = C()\n"
+    )
+    first = await run(pool, writes, workdir=conversation(workspaces), tools=tools)
+    assert first.status == "ok", first.error
+    code = "result(ask(q=1))\n"
+    suspend = Recorder(lambda call: CallReply(kind="suspend"))
+    workdir = conversation(workspaces)
+    assert prepare(pool, workdir, first.snapshot, tools=tools)
+    paused = await run(pool, code, workdir=workdir, snapshot=first.snapshot, tools=tools, on_call=suspend)
+    assert (paused.status, paused.process) == ("suspended", "fresh"), paused.error
+    assert [entry.name for entry in paused.journal] == ["FS.write_file"]
+    assert paused.pending is not None
+    journal = [*paused.journal, JournalEntry.for_call(paused.pending, CallReply(kind="value", value=7))]
+    resumed = await run(
+        pool, code, workdir=conversation(workspaces), snapshot=first.snapshot, tools=tools, journal=journal
+    )
+    assert (resumed.status, resumed.results) == ("ok", ["7"]), resumed.error

@@ -147,6 +147,9 @@ class Block:
         self._pid = os.getpid()  # a fork of the code is not the block: it must never report
         # The external tools' namespace functions, so ``parallel`` knows which calls to batch.
         self._external: dict[Callable[..., Any], tuple[str, Sequence[str]]] = {}
+        # Its helpers by name (``run`` sets them): what an earlier block's helper, kept in a value
+        # of a live process, stands for in this block (``own_helper``).
+        self.members: Mapping[str, object] = {}
 
     @property
     def workdir(self) -> Path:
@@ -332,6 +335,9 @@ class Block:
         outcomes: list[tuple[bool, Any]] = [(True, None)] * len(planned)
         batch: list[tuple[int, str, list[Any], dict[str, Any], dict[str, Any], str]] = []
         for index, (fn, args, kwargs) in enumerate(planned):
+            kept = snapshot.helper_name(fn)
+            if kept is not None and fn not in self._external:
+                fn = self.own_helper(kept)  # an earlier block's, kept in a value: this block's
             external = self._external.get(fn) if hashable(fn) else None
             if external is None:
                 try:
@@ -486,12 +492,26 @@ class Block:
             return [call["name"], digest, None, reply["error_type"], reply["error_message"]]
         return [call["name"], digest, reply["value"]]
 
+    def own_helper(self, name: str) -> Callable[..., Any]:
+        """This block's helper ``name`` (a stand-in raising NameError when it has none): what an
+        earlier block's helper stands for here, as restoring the snapshot would make it."""
+        found = snapshot.resolve_helper(name, self.members)
+        assert callable(found)
+        return found
+
     def _make_helper(self, *, runs: CallRunner, name: str, params: Sequence[str]) -> Callable[..., Any]:
         def helper(*args: Any, **kwargs: Any) -> Any:
+            block = running.block
+            if block is not None and block is not self:
+                # Kept in a value (a list, an attribute) by an earlier block of this live
+                # process: it acts as the running block's helper of its name, as the one a restore
+                # from the snapshot would have put there (``carry_over`` rebinds variables only).
+                return block.own_helper(name)(*args, **kwargs)
             return self.call(runs=runs, name=name, params=params, args=args, kwargs=kwargs)
 
         helper.__name__ = name.rpartition(".")[2]
         helper.__qualname__ = name
+        snapshot.mark_helper(helper, name)
         if runs == "caller":
             helper.__doc__ = f"{name}({', '.join(params)}): a tool run by the caller."
             self._external[helper] = (name, params)
@@ -594,6 +614,7 @@ class Block:
         visible = namespace_names(members)
         # Everything a snapshot stores by name: each helper by its full name, and the groups.
         helpers: dict[str, object] = {**members, **visible}
+        self.members = helpers
         fixed: dict[str, Any] = {
             **visible,
             "result": self.result,
