@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import tempfile
 import time
 import traceback
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -32,6 +33,11 @@ class Recorder:
     async def __call__(self, call: HelperCall) -> CallReply:
         self.calls.append(call)
         return self._answer(call)
+
+
+def conversation(workspaces: Path, *, prefix: str = "conversation-") -> Path:
+    """A new conversation's working directory in ``workspaces``."""
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=workspaces))
 
 
 async def run(

@@ -16,8 +16,7 @@ import pytest
 import pytest_asyncio
 
 from app.runtime import RuntimePool
-from tests.runtime.support import BACKENDS, host_processes_with, run, started_pool
-from tests.runtime.test_live import conversation
+from tests.runtime.support import BACKENDS, conversation, host_processes_with, run, started_pool
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

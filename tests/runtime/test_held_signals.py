@@ -14,8 +14,7 @@ import pytest
 from app.runtime import Limits
 from app.runtime.child.process import hold_signals, restore_signals
 from app.runtime.isolation import Backend
-from tests.runtime.support import BACKENDS, run, started_pool
-from tests.runtime.test_live import conversation
+from tests.runtime.support import BACKENDS, conversation, run, started_pool
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import pytest_asyncio
 
 from app.runtime import CallReply, Limits, RuntimePool
 from app.runtime.protocol import LIVE_MAX_BLOCKS
-from tests.runtime.support import BACKENDS, Recorder, run, started_pool
+from tests.runtime.support import BACKENDS, Recorder, conversation, run, started_pool
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -35,10 +34,6 @@ async def live(request: pytest.FixtureRequest, workspaces: Path) -> AsyncIterato
     """Three workers (two processes may stay bound), no preloads: quick to start."""
     async with started_pool(request.param, workspaces, size=3, live_seconds=30.0) as pool:
         yield pool
-
-
-def conversation(workspaces: Path) -> Path:
-    return Path(tempfile.mkdtemp(prefix="live-", dir=workspaces))
 
 
 async def test_the_next_block_runs_in_the_same_process_with_its_objects(

@@ -15,7 +15,7 @@ import pytest
 import pytest_asyncio
 
 from app.runtime import CallReply, JournalEntry, Limits, RuntimePool
-from tests.runtime.support import BACKENDS, Recorder, run, started_pool
+from tests.runtime.support import BACKENDS, Recorder, conversation, run, started_pool
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -33,10 +33,6 @@ async def pool(request: pytest.FixtureRequest, workspaces: Path) -> AsyncIterato
     """Three workers (two processes may stay bound), no preloads: quick to start."""
     async with started_pool(request.param, workspaces, size=3, live_seconds=30.0) as started:
         yield started
-
-
-def conversation(workspaces: Path) -> Path:
-    return Path(tempfile.mkdtemp(prefix="prepare-", dir=workspaces))
 
 
 def prepare(
