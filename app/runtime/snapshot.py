@@ -23,6 +23,7 @@ import pickle
 import struct
 import sys
 import types
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
@@ -95,22 +96,20 @@ def resolve_helper(name: str, helpers: Mapping[str, object]) -> object:
     return unavailable
 
 
-_HELPER_MARK: Final = "__sabre_helper__"
+# The helpers this process made, by identity (functions only), with their names: stored by name
+# wherever they are kept, also by a later block of a live process, which has helpers of its own.
+# Not an attribute of the function: ``functools.wraps`` would copy it onto a block's own wrapper.
+_MARKED: weakref.WeakKeyDictionary[types.FunctionType, str] = weakref.WeakKeyDictionary()
 
 
-def mark_helper(function: types.FunctionType | Callable[..., Any], name: str) -> None:
-    """Mark a block's helper function with its name, so that it is stored by name wherever it is
-    kept (``helper_name``): also once a later block of a live process has helpers of its own."""
-    function.__dict__[_HELPER_MARK] = name
+def mark_helper(function: types.FunctionType, name: str) -> None:
+    """Remember ``function`` as the helper ``name`` (``helper_name``)."""
+    _MARKED[function] = name
 
 
 def helper_name(obj: object) -> str | None:
-    """The name a helper function was marked with (``mark_helper``), else None. Read from the
-    function's own ``__dict__``: no attribute lookup of an arbitrary object runs its code."""
-    if type(obj) is not types.FunctionType:
-        return None
-    name = obj.__dict__.get(_HELPER_MARK)
-    return name if type(name) is str else None
+    """The name of a helper this process made (``mark_helper``), else None."""
+    return _MARKED.get(obj) if type(obj) is types.FunctionType else None
 
 
 class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]

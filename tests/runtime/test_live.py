@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from app.runtime import CallReply, Limits, RuntimePool
+from app.runtime import CallReply, HelperCall, Limits, RuntimePool, SandboxTool
 from app.runtime.protocol import LIVE_MAX_BLOCKS
 from tests.runtime.support import BACKENDS, Recorder, conversation, run, started_pool
 
@@ -444,3 +444,103 @@ async def test_a_tool_kept_in_a_value_is_the_next_blocks_own(live: RuntimePool, 
         on_call=answers,
     )
     assert (fresh.status, fresh.results) == ("ok", ["2"]), fresh.error
+
+
+TOOLS = {"ask": ["q"]}
+
+
+def double(call: HelperCall) -> CallReply:
+    return CallReply(kind="value", value=call.arguments["q"] * 2)
+
+
+# An ordinary decorator: functools.wraps copies the tool's __dict__ onto the wrapper (a mark kept
+# there once made the wrapper pass for the tool).
+WRAPPED = (
+    "import functools\n"
+    "def plus_one(fn):\n"
+    "    @functools.wraps(fn)\n"
+    "    def wrapper(**kwargs):\n"
+    "        return fn(**kwargs) + 1\n"
+    "    return wrapper\n"
+    "ask1 = plus_one(ask)\n"
+)
+
+
+async def test_parallel_runs_a_functools_wraps_wrapper_of_a_tool(live: RuntimePool, workspaces: Path) -> None:
+    """parallel(wrapper, items) must run the wrapper (which calls the tool), not the bare tool."""
+    outcome = await run(
+        live,
+        WRAPPED + "result(ask1(q=1))\nresult(parallel(ask1, [{'q': 1}, {'q': 2}]))\n",
+        workdir=conversation(workspaces),
+        tools=TOOLS,
+        on_call=Recorder(double),
+    )
+    assert outcome.status == "ok", outcome.error
+    assert outcome.results == ["3", "[3, 5]"]
+
+
+async def test_a_snapshot_keeps_a_functools_wraps_wrapper_of_a_tool(
+    live: RuntimePool, workspaces: Path
+) -> None:
+    """The snapshot stores the wrapper by value, not as the tool it wraps: a fresh restore calls the
+    wrapper, as the live process does."""
+    workdir = conversation(workspaces)
+    first = await run(live, WRAPPED, workdir=workdir, tools=TOOLS)
+    assert first.status == "ok", first.error
+    code = "result(ask1(q=1))\n"
+    in_live = await run(
+        live, code, workdir=workdir, snapshot=first.snapshot, tools=TOOLS, on_call=Recorder(double)
+    )
+    fresh = await run(
+        live,
+        code,
+        workdir=conversation(workspaces),
+        snapshot=first.snapshot,
+        tools=TOOLS,
+        on_call=Recorder(double),
+    )
+    assert (in_live.status, in_live.process, in_live.results) == ("ok", "live", ["3"]), in_live.error
+    assert (fresh.status, fresh.results) == ("ok", ["3"]), fresh.error
+
+
+SOURCE = "def price(sku):\n    return {'sku': sku}\n"
+PRICE = SandboxTool(
+    name="get_price", params=("sku",), file="/srv/personas/tools/shop.py", function="price", source=SOURCE
+)
+CALL_KEPT = "try:\n    result(fs[0]('A1'))\nexcept NameError as exc:\n    result('NameError')\n"
+
+
+async def test_a_persona_tool_kept_in_a_value_is_gone_when_the_next_block_lacks_it(
+    live: RuntimePool, workspaces: Path
+) -> None:
+    """As for a caller's tool: a fresh restore makes fs[0] a stand-in raising NameError; the live
+    process must too."""
+    workdir = conversation(workspaces)
+    first = await run(live, "fs = [get_price]\n", workdir=workdir, sandbox_tools=[PRICE])
+    assert first.status == "ok", first.error
+    fresh = await run(live, CALL_KEPT, workdir=conversation(workspaces), snapshot=first.snapshot)
+    assert (fresh.status, fresh.results) == ("ok", ["NameError"]), fresh.error
+    in_live = await run(live, CALL_KEPT, workdir=workdir, snapshot=first.snapshot)
+    assert in_live.process == "live"
+    assert (in_live.status, in_live.results) == ("ok", ["NameError"]), in_live.error
+
+
+async def test_a_persona_tool_kept_in_a_value_is_the_next_blocks_own(
+    live: RuntimePool, workspaces: Path
+) -> None:
+    """With the tool in the next block too: its own, journaled by that block, as after a restore."""
+    workdir = conversation(workspaces)
+    first = await run(live, "fs = [get_price]\n", workdir=workdir, sandbox_tools=[PRICE])
+    assert first.status == "ok", first.error
+    code = "result(fs[0]('A1'))\n"
+    in_live = await run(live, code, workdir=workdir, snapshot=first.snapshot, sandbox_tools=[PRICE])
+    fresh = await run(
+        live, code, workdir=conversation(workspaces), snapshot=first.snapshot, sandbox_tools=[PRICE]
+    )
+    assert (in_live.status, in_live.process, in_live.results) == ("ok", "live", ['{"sku": "A1"}']), (
+        in_live.error
+    )
+    assert (fresh.status, fresh.results) == ("ok", in_live.results), fresh.error
+    assert (
+        [entry.name for entry in in_live.journal] == [entry.name for entry in fresh.journal] == ["get_price"]
+    )

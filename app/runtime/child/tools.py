@@ -8,7 +8,7 @@ import sys
 import types
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from app.runtime import library, snapshot
 from app.runtime.child import running
@@ -84,11 +84,17 @@ def sandbox_tool(
             ) from None
 
     def tool(*args: Any, **kwargs: Any) -> Any:
-        if running.block is None:
+        block = running.block
+        if block is None:
             raise RuntimeError(f"{name} is used outside of a block")
-        return running.block.call_local(name, run, (), bind_params(name, params, args, kwargs))
+        if block.members.get(name) is not tool:
+            # An earlier block's, kept in a value by a live process: the running block's tool of
+            # that name (its own source), or the stand-in a restore would have put there.
+            return block.own_helper(name)(*args, **kwargs)
+        return block.call_local(name, run, (), bind_params(name, params, args, kwargs))
 
     tool.__name__ = tool.__qualname__ = name
+    snapshot.mark_helper(cast(types.FunctionType, tool), name)
     tool.__doc__ = f"{name}({', '.join(params)}): a tool of this persona."
     return tool
 
