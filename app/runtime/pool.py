@@ -443,7 +443,7 @@ class RuntimePool:
         Restoring runs the snapshot's own code (what its objects do when unpickled) before the
         block is known, as the block's own start would; a block that never comes leaves the
         process to expire like any live one."""
-        if self.workers.closed or not self._may_bind() or not workdir.is_absolute():
+        if not self._may_bind() or not workdir.is_absolute():
             return False
         try:
             workdir = self._block_workdir(workdir)
@@ -474,7 +474,11 @@ class RuntimePool:
         """``prepare``'s background part: a fresh child restores ``state`` and stays live."""
         tier = self._tier("", snapshot=state, sandbox_tools=block.sandbox_tools)
         workers = self.supervisor(tier)
-        worker = await workers.acquire(block.limits)
+        try:
+            worker = await workers.acquire(block.limits)
+        except RuntimeError as exc:  # closed meanwhile, or no worker can start: the block will say
+            log.warning("sandbox_prepare_failed", reason=str(exc))
+            return
         names: dict[str, CallRunner] = {
             **dict.fromkeys(block.internal_helpers, "service"),
             **dict.fromkeys(block.external_tools, "caller"),
