@@ -81,6 +81,12 @@ class BlockRequest:
     sandbox_tools: Sequence[SandboxTool]
 
     @functools.cached_property
+    def runners(self) -> dict[str, CallRunner]:
+        """Who runs each name the block may call on its parent: the service or the caller."""
+        runners: dict[str, CallRunner] = dict.fromkeys(self.internal_helpers, "service")
+        return runners | dict.fromkeys(self.external_tools, "caller")
+
+    @functools.cached_property
     def replayed_bytes(self) -> int:
         """``journal_bytes`` of ``journal``, measured once per block for the exchange, the
         worker and the child alike (each encoded the journal again to measure it), and only

@@ -50,7 +50,6 @@ from app.runtime.schemas import (
     BlockOutcome,
     BlockProcess,
     CallReply,
-    CallRunner,
     HelperCall,
     JournalEntry,
     Limits,
@@ -291,10 +290,6 @@ class RuntimePool:
             # Its process is being readied: wait for it (a fresh fork meanwhile would be a second
             # process for the conversation). Only waited for: cancelling this call leaves it be.
             await asyncio.wait({preparing})
-        names: dict[str, CallRunner] = {
-            **dict.fromkeys(internal_helpers, "service"),
-            **dict.fromkeys(external_tools, "caller"),
-        }
         state = snapshot or b""
         block = BlockRequest(
             code=code,
@@ -337,7 +332,7 @@ class RuntimePool:
                 workers = self.supervisor(tier)
                 workers.set_state(worker, WorkerState.RUNNING)
                 workers.count_ooms(worker)
-                exchange = self._exchange(worker, block=block, names=names, on_call=on_call)
+                exchange = self._exchange(worker, block=block, on_call=on_call)
                 keep = self._keeps(blocks)
                 process = "prepared" if bound.prepared else "live"
                 dropped = bound.dropped
@@ -351,7 +346,7 @@ class RuntimePool:
             workers = self.supervisor(tier)
             worker, blocks = await workers.acquire(limits), 1
             started = time.perf_counter()
-            exchange = self._exchange(worker, block=block, names=names, on_call=on_call)
+            exchange = self._exchange(worker, block=block, on_call=on_call)
             keep = self._keeps(blocks)
             running = exchange.run(block.encode(keep=keep, snapshot=state), keep=keep)
         try:
@@ -360,7 +355,7 @@ class RuntimePool:
             except LiveGone:
                 # The live process died between blocks: its worker has a fresh child now.
                 blocks, process, dropped = 1, "fresh", ()
-                exchange = self._exchange(worker, block=block, names=names, on_call=on_call)
+                exchange = self._exchange(worker, block=block, on_call=on_call)
                 keep = self._keeps(blocks)
                 outcome = await exchange.run(block.encode(keep=keep, snapshot=state), keep=keep)
         except BlockFailed as lost:
@@ -479,11 +474,7 @@ class RuntimePool:
         except RuntimeError as exc:  # closed meanwhile, or no worker can start: the block will say
             log.warning("sandbox_prepare_failed", reason=str(exc))
             return
-        names: dict[str, CallRunner] = {
-            **dict.fromkeys(block.internal_helpers, "service"),
-            **dict.fromkeys(block.external_tools, "caller"),
-        }
-        exchange = self._exchange(worker, block=block, names=names, on_call=_no_call_while_preparing)
+        exchange = self._exchange(worker, block=block, on_call=_no_call_while_preparing)
         keep = self._keeps(1)
         try:
             outcome = await exchange.run(block.encode(keep=keep, snapshot=state, prepare=True), keep=keep)
@@ -519,13 +510,11 @@ class RuntimePool:
         bound.memory_kb = exchange.grown_kb
         self._bind(block.workdir, bound)
 
-    def _exchange(
-        self, worker: WorkerProcess, *, block: BlockRequest, names: Mapping[str, CallRunner], on_call: OnCall
-    ) -> Exchange:
+    def _exchange(self, worker: WorkerProcess, *, block: BlockRequest, on_call: OnCall) -> Exchange:
         return Exchange(
             worker=worker,
             limits=block.limits,
-            names=names,
+            names=block.runners,
             journal=block.journal,
             on_call=on_call,
             local=frozenset(tool.name for tool in block.sandbox_tools),

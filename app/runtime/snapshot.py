@@ -99,10 +99,10 @@ def resolve_helper(name: str, helpers: Mapping[str, object]) -> object:
 # The helpers this process made, by identity (functions only), with their names: stored by name
 # wherever they are kept, also by a later block of a live process, which has helpers of its own.
 # Not an attribute of the function: ``functools.wraps`` would copy it onto a block's own wrapper.
-_MARKED: weakref.WeakKeyDictionary[types.FunctionType, str] = weakref.WeakKeyDictionary()
+_MARKED: weakref.WeakKeyDictionary[Callable[..., Any], str] = weakref.WeakKeyDictionary()
 
 
-def mark_helper(function: types.FunctionType, name: str) -> None:
+def mark_helper(function: Callable[..., Any], name: str) -> None:
     """Remember ``function`` as the helper ``name`` (``helper_name``)."""
     _MARKED[function] = name
 

@@ -16,7 +16,7 @@ import threading
 import types
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final, Literal, NoReturn, cast
+from typing import Any, Final, Literal, NoReturn
 
 from app.runtime import isolation, library, snapshot
 from app.runtime.child import running
@@ -511,7 +511,7 @@ class Block:
 
         helper.__name__ = name.rpartition(".")[2]
         helper.__qualname__ = name
-        snapshot.mark_helper(cast(types.FunctionType, helper), name)
+        snapshot.mark_helper(helper, name)
         if runs == "caller":
             helper.__doc__ = f"{name}({', '.join(params)}): a tool run by the caller."
             self._external[helper] = (name, params)

@@ -8,7 +8,7 @@ import sys
 import types
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final, cast
+from typing import Any, Final
 
 from app.runtime import library, snapshot
 from app.runtime.child import running
@@ -94,7 +94,7 @@ def sandbox_tool(
         return block.call_local(name, run, (), bind_params(name, params, args, kwargs))
 
     tool.__name__ = tool.__qualname__ = name
-    snapshot.mark_helper(cast(types.FunctionType, tool), name)
+    snapshot.mark_helper(tool, name)
     tool.__doc__ = f"{name}({', '.join(params)}): a tool of this persona."
     return tool
 
