@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import literal, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -33,24 +33,27 @@ class ChatLinkRepository:
 
     async def put(self, *, tenant: str, digest: str, conversation_id: str, version: int) -> None:
         """Link a history digest to the conversation and the version its answer left it at (the
-        newest answer wins: the same history answered twice is continued where it was last)."""
-        values = {
-            "tenant": tenant,
-            "digest": digest,
-            "conversation_id": conversation_id,
-            "version": version,
-            "created_at": utcnow(),
-        }
+        newest answer wins: the same history answered twice is continued where it was last).
+
+        Only a conversation of the tenant that still exists is linked: a replayed answer (or a
+        stream's end) may come after the conversation was deleted, whose link the foreign key
+        would refuse (a 500); then nothing is linked and the history starts anew."""
+        now = utcnow()
         dialect = self.session.get_bind().dialect.name
         insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-        statement = insert(ChatLink).values(**values)
+        existing = select(
+            literal(tenant),
+            literal(digest),
+            Conversation.id,
+            literal(version),
+            literal(now, type_=ChatLink.__table__.c.created_at.type),
+        ).where(Conversation.id == conversation_id, Conversation.tenant == tenant)
+        statement = insert(ChatLink).from_select(
+            ["tenant", "digest", "conversation_id", "version", "created_at"], existing
+        )
         await self.session.execute(
             statement.on_conflict_do_update(
                 index_elements=[ChatLink.tenant, ChatLink.digest],
-                set_={
-                    "conversation_id": values["conversation_id"],
-                    "version": version,
-                    "created_at": values["created_at"],
-                },
+                set_={"conversation_id": conversation_id, "version": version, "created_at": now},
             )
         )
