@@ -18,8 +18,9 @@ Each tenant signs with a secret of its own, ``whsec_`` + base64 of HMAC-SHA256(s
 tenant): the server secret is ``SABRE_WEBHOOK_SECRET``, or one generated once and kept in the store.
 ``sabre webhooks secret TENANT`` prints a tenant's secret for its receiver to verify with.
 
-A URL is checked for shape when a conversation names it (http or https, a host, no credentials, at
-most 2,048 characters); its addresses are checked at each delivery, since DNS answers change.
+A URL is checked for shape when a conversation names it (http or https, a host, a port 1-65535,
+no credentials, at most 2,048 characters); its addresses are checked at each delivery, since DNS
+answers change.
 """
 
 from __future__ import annotations
@@ -87,8 +88,8 @@ def webhook_event(status: str) -> WebhookEventType:
 
 
 def check_webhook_url(value: str) -> str:
-    """``value`` if it is a URL a webhook may name (http or https, a host, no user or password, at
-    most ``URL_MAX_CHARS`` characters), else ValueError saying what is wrong."""
+    """``value`` if it is a URL a webhook may name (http or https, a host, a port 1-65535 if any, no
+    user or password, at most ``URL_MAX_CHARS`` characters), else ValueError saying what is wrong."""
     if len(value) > URL_MAX_CHARS:
         raise ValueError(f"must be at most {URL_MAX_CHARS} characters")
     try:
@@ -101,6 +102,9 @@ def check_webhook_url(value: str) -> str:
         raise ValueError("must name a host")
     if not _is_host(url.raw_host.decode("ascii")):
         raise ValueError(f"is not a valid URL: {url.host!r} is not a host name or IP address")
+    if url.port is not None and not 1 <= url.port <= 65535:
+        # httpx parses any integer; the connect then fails outside the fetch helpers' errors.
+        raise ValueError(f"is not a valid URL: the port must be 1-65535, not {url.port}")
     if url.userinfo:
         raise ValueError("must not carry a user name or password (they would be stored and logged)")
     return value
