@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.auth.limits import TenantLimiter
 from app.auth.service import LOCAL_TENANT, Authenticator
@@ -15,6 +16,35 @@ from app.kit.errors import Unauthorized
 _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer <key>`.")
 
 
+async def _key_tenant(
+    request: Request, session: AsyncSession, credentials: HTTPAuthorizationCredentials | None
+) -> str:
+    """The tenant of the request's key (``local`` in open mode); 401 without a valid one."""
+    auth: Authenticator = request.app.state.authenticator
+    if credentials is None:
+        if request.headers.get("authorization"):
+            raise Unauthorized("Use the Bearer scheme: `Authorization: Bearer <key>`.")
+        if not auth.open_mode:
+            raise Unauthorized("Send an API key as `Authorization: Bearer <key>`.")
+        return LOCAL_TENANT
+    found = await auth.tenant_for(session, credentials.credentials)
+    if found is None:
+        raise Unauthorized("The API key is not valid.")
+    return found
+
+
+async def check_key_before_body(request: Request) -> None:
+    """The key check of ``get_tenant``, made before the request's body is read (``StrictJSONRoute``
+    calls it for a route with a body that takes a ``Tenant``): parsing and checking a body of the
+    size limit holds the event loop for seconds, which a caller without a valid key must not get.
+    The tenant found is kept for ``get_tenant`` (one key lookup per request); the rate limit stays
+    there."""
+    sessionmaker: async_sessionmaker[AsyncSession] = request.app.state.sessionmaker
+    async with sessionmaker() as session:
+        tenant = await _key_tenant(request, session, await _bearer(request))
+    request.state.key_tenant = tenant
+
+
 async def get_tenant(
     request: Request,
     session: Session,
@@ -22,18 +52,8 @@ async def get_tenant(
 ) -> str:
     """The tenant of the request's key (``local`` when no keys exist and we listen on loopback),
     once its rate limit lets the request through: a refused request has done nothing yet."""
-    auth: Authenticator = request.app.state.authenticator
-    if credentials is None:
-        if request.headers.get("authorization"):
-            raise Unauthorized("Use the Bearer scheme: `Authorization: Bearer <key>`.")
-        if not auth.open_mode:
-            raise Unauthorized("Send an API key as `Authorization: Bearer <key>`.")
-        tenant = LOCAL_TENANT
-    else:
-        found = await auth.tenant_for(session, credentials.credentials)
-        if found is None:
-            raise Unauthorized("The API key is not valid.")
-        tenant = found
+    checked: str | None = getattr(request.state, "key_tenant", None)
+    tenant = checked if checked is not None else await _key_tenant(request, session, credentials)
     request.state.tenant = tenant  # for the access log
     limiter: TenantLimiter = request.app.state.limiter
     await limiter.check_request(tenant)

@@ -17,6 +17,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Final, NoReturn
 
 from fastapi import Request, Response
+from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
 
 from app.kit.errors import Unprocessable
@@ -240,22 +241,35 @@ def _declares_json(content_type: str | None) -> bool:
     return mime == "application/json" or (mime.startswith("application/") and mime.endswith("+json"))
 
 
+def _depends_on(dependant: Dependant, call: Callable[..., Any]) -> bool:
+    """Whether ``call`` is among the dependencies of ``dependant``, at any depth."""
+    return dependant.call is call or any(_depends_on(sub, call) for sub in dependant.dependencies)
+
+
 class StrictJSONRoute(APIRoute):
     """The route class of every API router: bodies are parsed by ``loads`` before the endpoint runs.
 
     The body is parsed here, outside FastAPI's body handling (which turns any parser exception into
     a bare 400), so a non-finite number or a too-deep body is a 422 problem+json; FastAPI then reuses
     the parsed value. Malformed JSON is left to FastAPI, which answers it as before (400 invalid_json).
+    A route that takes a ``Tenant`` checks the key first (``check_key_before_body``): FastAPI parses
+    a body before it solves dependencies, and parsing and checking a hostile body of the size limit
+    holds the event loop for seconds, which a caller without a valid key must not get.
     """
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        from app.auth.dependencies import check_key_before_body, get_tenant
+
         handler = super().get_route_handler()
         has_body = self.body_field is not None
+        keyed = has_body and _depends_on(self.dependant, get_tenant)
 
         async def strict_handler(request: Request) -> Response:
             _refuse_nul(request)
             if not has_body:
                 return await handler(request)
+            if keyed:  # a caller without a valid key gets its 401 before its body is parsed
+                await check_key_before_body(request)
             request = StrictJSONRequest(request.scope, request.receive)
             if _declares_json(request.headers.get("content-type")) and await request.body():
                 with contextlib.suppress(ValueError):  # malformed: FastAPI parses it again, reports it
