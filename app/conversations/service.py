@@ -62,6 +62,7 @@ from app.runtime import CallReply, Limits
 from app.runtime.protocol import RESERVED_NAMES as RUNTIME_NAMES
 from app.tools.mcp import McpManager
 from app.tools.registry import ToolDefinitionError, ToolRegistry, make_tool
+from app.tools.schema import SchemaProblem, check_request_size
 
 if TYPE_CHECKING:
     from app.auth.limits import TenantLimiter
@@ -1620,6 +1621,10 @@ def _tool_definitions(tools: Sequence[schemas.ToolIn], *, field: str) -> list[di
     """Validated, normalised tool definitions (one shape) for the store; 422 naming the bad one."""
     seen: set[str] = set()
     definitions: list[dict[str, Any]] = []
+    try:  # each schema is checked against the meta-schema below, which costs per subschema
+        check_request_size(tool.definition().parameters for tool in tools)
+    except SchemaProblem as exc:
+        raise InvalidTool(f"{field}: {exc}") from exc
     for index, tool in enumerate(tools):
         definition = tool.definition()
         try:

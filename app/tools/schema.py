@@ -13,14 +13,18 @@ reach outside the process:
   (jsonschema's default fetches them, blocking, from wherever they point);
 - a schema nests at most ``MAX_DEPTH`` levels, and one check evaluates a number of keywords linear in
   the size of what it checks: references can make a 1 KB schema take exponential time (2**n
-  evaluations for n chained allOfs).
+  evaluations for n chained allOfs);
+- a schema holds at most ``MAX_SCHEMA_NODES`` objects and arrays, and the tools of one request
+  ``MAX_REQUEST_SCHEMA_NODES`` together: checking a schema against the 2020-12 meta-schema costs
+  jsonschema about 0.3 ms for each (its dynamic references), so a 2 MB body of ``{"allOf": [{}, {},
+  …]}`` held the event loop for over two minutes.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Hashable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
@@ -43,6 +47,11 @@ if TYPE_CHECKING:  # the stubs' name for the classes jsonschema creates at run t
 # schema of a hundred properties needs a few hundred), and stays well under a second on a busy host.
 BASE_STEPS: Final = 2_000
 STEPS_PER_VALUE: Final = 10
+# Objects and arrays (the subschemas, and the lists holding them) of one schema, and of all the tools
+# a request declares: about 0.3 s and 0.6 s of meta-schema checking at most (a tool of a hundred
+# properties holds about two hundred).
+MAX_SCHEMA_NODES: Final = 1_000
+MAX_REQUEST_SCHEMA_NODES: Final = 2_000
 PATTERN_CACHE_SIZE: Final = 256
 SCHEMA_CACHE_SIZE: Final = 2048
 
@@ -270,6 +279,8 @@ def compile_schema(schema: Mapping[str, Any]) -> Validator:
     path = nesting_path(schema)
     if path is not None:
         raise SchemaProblem(f"nested deeper than {MAX_DEPTH} levels at {_where(path)}")
+    if count_nodes(schema, limit=MAX_SCHEMA_NODES) > MAX_SCHEMA_NODES:
+        raise SchemaProblem(f"more than {MAX_SCHEMA_NODES} objects and arrays (subschemas); simplify it")
     return _compile(json.dumps(schema, sort_keys=True, default=str))
 
 
@@ -314,6 +325,35 @@ def _check_keywords(schema: dict[str, Any]) -> None:
             "unevaluatedProperties cannot be combined with patternProperties "
             f"(at {_where(first['unevaluatedProperties'])} and {_where(first['patternProperties'])})"
         )
+
+
+def count_nodes(schema: Any, *, limit: int) -> int:
+    """How many objects and arrays ``schema`` holds, itself included, counted up to ``limit + 1``
+    (iterative, stopping there: cheap for any size)."""
+    count, stack = 0, [schema]
+    while stack and count <= limit:
+        node = stack.pop()
+        if isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, list | tuple):
+            stack.extend(node)
+        else:
+            continue
+        count += 1
+    return count
+
+
+def check_request_size(schemas: Iterable[Mapping[str, Any] | None]) -> None:
+    """Refuse the tools of one request when their schemas hold more than ``MAX_REQUEST_SCHEMA_NODES``
+    objects and arrays together (``SchemaProblem``): each is checked against the meta-schema."""
+    total = 0
+    for schema in schemas:
+        total += count_nodes(schema, limit=MAX_REQUEST_SCHEMA_NODES - total)
+        if total > MAX_REQUEST_SCHEMA_NODES:
+            raise SchemaProblem(
+                f"the tools' parameters hold more than {MAX_REQUEST_SCHEMA_NODES} objects and arrays "
+                "(subschemas) together; declare fewer tools or simpler ones"
+            )
 
 
 def _count_values(instance: Any) -> int:
