@@ -14,6 +14,9 @@ The rules, in order (``deny`` wins):
 3. with a non-empty ``allow`` list, the host must match one of its entries;
 4. otherwise (no policy, or an empty ``allow``) any public host may be fetched.
 Only ``http`` and ``https``; no proxies from the environment (they would hide the real address).
+Bodies are decoded here (``gzip`` or ``deflate``, one layer) and never past the size cap: httpx's own
+decoders inflate a whole received chunk at once, so 800 bytes of ``Content-Encoding: gzip, gzip``
+became 400 MB in the server's memory before any cap was checked (``zstd``, 12 KB).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import asyncio
 import functools
 import ipaddress
 import socket
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from email.message import Message
@@ -42,6 +46,9 @@ USER_AGENT: Final = "Mozilla/5.0 (compatible; SABRE helpers; +fetch on behalf of
 SCHEMES: Final = frozenset({"http", "https"})
 REDIRECT_STATUSES: Final = frozenset({301, 302, 303, 307, 308})
 _NAT64: Final = ipaddress.IPv6Network("64:ff9b::/96")
+# Content codings a fetch asks for and decodes (bounded: ``_Decoder``), with their zlib window bits.
+ACCEPT_ENCODING: Final = "gzip, deflate"
+_ZLIB_WBITS: Final = {"gzip": zlib.MAX_WBITS | 16, "x-gzip": zlib.MAX_WBITS | 16, "deflate": zlib.MAX_WBITS}
 
 
 class FetchError(HelperError):
@@ -343,6 +350,7 @@ async def _request(
     extensions = {"sni_hostname": host} if url.scheme == "https" else {}
     sent_headers = {"user-agent": USER_AGENT, **{k.lower(): v for k, v in headers.items()}}
     sent_headers["host"] = url.netloc.decode("ascii")
+    sent_headers["accept-encoding"] = ACCEPT_ENCODING  # what _Decoder reads, nothing else
     # A fresh client per hop: a pooled connection opened for one host must not carry another's request.
     async with httpx.AsyncClient(
         trust_env=False, follow_redirects=False, timeout=httpx.Timeout(limits.timeout_seconds)
@@ -362,13 +370,9 @@ async def _request(
             declared = response.headers.get("content-length", "")
             if declared.isdigit() and int(declared) > limits.max_bytes:
                 raise FetchError(f"{url}: the response is {int(declared):,} bytes, over the {_cap(limits)}")
-            chunks: list[bytes] = []
-            size = 0
-            async for chunk in response.aiter_bytes():
-                size += len(chunk)
-                if size > limits.max_bytes:
-                    raise FetchError(f"{url}: the response is larger than the {_cap(limits)}")
-                chunks.append(chunk)
+            decoder = _Decoder(url, response.headers.get("content-encoding", ""), limits)
+            chunks = [decoder.decode(raw) async for raw in response.aiter_raw()]
+            chunks.append(decoder.flush())
         except httpx.HTTPError as exc:
             raise FetchError(f"{url}: {type(exc).__name__}: {exc or 'read failed'}") from None
         finally:
@@ -376,6 +380,57 @@ async def _request(
     return Fetched(
         url=str(url), status=response.status_code, headers=dict(response.headers), body=b"".join(chunks)
     )
+
+
+class _Decoder:
+    """A response body's content decoding, never producing more than the size cap (plus a byte):
+    however far a compressed chunk would expand, it is inflated only that far."""
+
+    def __init__(self, url: httpx.URL, encoding: str, limits: FetchLimits) -> None:
+        codings = [c.strip().lower() for c in encoding.split(",") if c.strip()]
+        codings = [c for c in codings if c != "identity"]
+        if len(codings) > 1 or (codings and codings[0] not in _ZLIB_WBITS):
+            raise FetchError(f"{url}: the response's content-encoding {encoding!r} is not supported")
+        self.url, self.limits, self.size, self.received = url, limits, 0, 0
+        self.coding = codings[0] if codings else None
+        self._zlib = zlib.decompressobj(_ZLIB_WBITS[self.coding]) if self.coding else None
+        self._started = False
+
+    def decode(self, data: bytes) -> bytes:
+        """The decoded bytes of the next ``data`` received; FetchError past the cap or on bad data."""
+        self.received += len(data)  # empty deflate blocks would otherwise stream for ever
+        if self.received > self.limits.max_bytes:
+            raise FetchError(f"{self.url}: the response is larger than the {_cap(self.limits)}")
+        if self._zlib is None:
+            return self._counted(data)
+        left = self.limits.max_bytes - self.size + 1  # one more than may come: more is over the cap
+        try:
+            out = self._zlib.decompress(data, left)
+        except zlib.error as exc:
+            if self.coding == "deflate" and not self._started:  # raw deflate, without zlib's header
+                self._zlib = zlib.decompressobj(-zlib.MAX_WBITS)
+                self._started = True
+                return self.decode(data)
+            raise FetchError(f"{self.url}: the {self.coding} body cannot be decoded: {exc}") from None
+        self._started = True
+        if self._zlib.unconsumed_tail:  # stopped at ``left``: there is more than the cap
+            raise FetchError(f"{self.url}: the response is larger than the {_cap(self.limits)}")
+        return self._counted(out)
+
+    def flush(self) -> bytes:
+        """What the decoder still holds at the end of the body."""
+        if self._zlib is None:
+            return b""
+        try:
+            return self._counted(self._zlib.flush())
+        except zlib.error as exc:
+            raise FetchError(f"{self.url}: the {self.coding} body cannot be decoded: {exc}") from None
+
+    def _counted(self, data: bytes) -> bytes:
+        self.size += len(data)
+        if self.size > self.limits.max_bytes:
+            raise FetchError(f"{self.url}: the response is larger than the {_cap(self.limits)}")
+        return data
 
 
 def _cap(limits: FetchLimits) -> str:
