@@ -271,7 +271,7 @@ class Fetched:
                 continue
             try:
                 return self.body.decode(encoding, errors="replace")
-            except LookupError:
+            except (LookupError, ValueError):  # unknown, or a codec that cannot replace (idna)
                 continue
         return self.body.decode("utf-8", errors="replace")
 

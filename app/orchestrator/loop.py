@@ -431,6 +431,11 @@ class TurnLoop:
             return CallReply(kind="error", error_type="HelperError", error_message=str(exc))
         except LLMError as exc:
             return CallReply(kind="error", error_type="LLMError", error_message=exc.message)
+        except Exception as exc:  # a helper's bug on hostile input fails the call, never the turn
+            log.warning("helper_failed", helper=call.name, error=type(exc).__name__, exc_info=True)
+            return CallReply(
+                kind="error", error_type="HelperError", error_message=f"{call.name} failed: {exc}"
+            )
         return CallReply(kind="value", value=value)
 
     def _result_message(self, outcome: BlockOutcome, *, note: str | None) -> TranscriptMessage:
