@@ -12,7 +12,7 @@ import json
 import keyword
 import shutil
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -287,6 +287,7 @@ class ConversationService:
             await leave_autocommit(self.session)
             merged = {t["name"]: t for t in conversation.tools}
             merged.update({t["name"]: t for t in _tool_definitions(body.tools, field="tools")})
+            _check_merged_tools(list(merged.values()))
             conversation.tools = list(merged.values())
         return await self._run_turn(
             conversation,
@@ -1615,6 +1616,23 @@ def _pending_out(paused: PausedBlock | None) -> list[schemas.PendingToolCall]:
 
 # Tool names may not shadow a helper, a helper group (``FS``, ``Search``…) or the runtime's own names.
 RESERVED_NAMES = frozenset(HELPERS) | {name.split(".", 1)[0] for name in HELPERS} | RUNTIME_NAMES
+
+
+MAX_CONVERSATION_TOOLS = 128
+"""External tools a conversation may hold, as a request may declare: each message may add some."""
+
+
+def _check_merged_tools(tools: Sequence[Mapping[str, Any]]) -> None:
+    """422 when a message's tools, with those the conversation has, pass what one request may declare:
+    every turn renders and checks them all, so adding some with each message grew both without end."""
+    if len(tools) > MAX_CONVERSATION_TOOLS:
+        raise InvalidTool(
+            f"tools: the conversation would have {len(tools)} tools; the limit is {MAX_CONVERSATION_TOOLS}"
+        )
+    try:
+        check_request_size(t["parameters"] for t in tools)
+    except SchemaProblem as exc:
+        raise InvalidTool(f"tools: with the conversation's own, {exc}") from exc
 
 
 def _tool_definitions(tools: Sequence[schemas.ToolIn], *, field: str) -> list[dict[str, Any]]:
