@@ -24,13 +24,16 @@ from __future__ import annotations
 
 import functools
 import json
+import threading
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import re2
 import referencing
 import referencing.exceptions
+from cachetools import LRUCache
 from jsonschema import Draft202012Validator, FormatChecker, ValidationError
 from jsonschema.exceptions import SchemaError
 from jsonschema.protocols import Validator
@@ -53,7 +56,10 @@ STEPS_PER_VALUE: Final = 10
 MAX_SCHEMA_NODES: Final = 1_000
 MAX_REQUEST_SCHEMA_NODES: Final = 2_000
 PATTERN_CACHE_SIZE: Final = 256
-SCHEMA_CACHE_SIZE: Final = 2048
+# Compiled schemas kept, by the size of their text: 32 MiB in all, none larger than 1 MiB (a larger
+# one is compiled again when it comes back; what it costs is bounded by MAX_SCHEMA_NODES).
+SCHEMA_CACHE_BYTES: Final = 32 << 20
+SCHEMA_CACHE_ENTRY_BYTES: Final = 1 << 20
 
 
 class SchemaProblem(ValueError):
@@ -273,18 +279,40 @@ def _where(path: list[Any]) -> str:
 def compile_schema(schema: Mapping[str, Any]) -> Validator:
     """A validator for ``schema`` once it is checked; ``SchemaProblem`` says what is wrong and where.
 
-    Cached per distinct schema: the meta-schema check costs milliseconds, and the same tools come
-    back on every turn of a conversation.
+    Cached per distinct schema, by the size of its text (``SCHEMA_CACHE_BYTES``): the meta-schema
+    check costs milliseconds, and the same tools come back on every turn of a conversation.
     """
     path = nesting_path(schema)
     if path is not None:
         raise SchemaProblem(f"nested deeper than {MAX_DEPTH} levels at {_where(path)}")
     if count_nodes(schema, limit=MAX_SCHEMA_NODES) > MAX_SCHEMA_NODES:
         raise SchemaProblem(f"more than {MAX_SCHEMA_NODES} objects and arrays (subschemas); simplify it")
-    return _compile(json.dumps(schema, sort_keys=True, default=str))
+    schema_json = json.dumps(schema, sort_keys=True, default=str)
+    with _COMPILED_LOCK:
+        cached = _COMPILED.get(schema_json)
+    if cached is not None:
+        return cached.validator
+    validator = _compile(schema_json)
+    if len(schema_json) <= SCHEMA_CACHE_ENTRY_BYTES:
+        with _COMPILED_LOCK:
+            _COMPILED[schema_json] = _Compiled(len(schema_json), validator)
+    return validator
 
 
-@functools.lru_cache(maxsize=SCHEMA_CACHE_SIZE)
+@dataclass(frozen=True, slots=True)
+class _Compiled:
+    """A cached validator and the size of the schema text it was compiled from."""
+
+    size: int
+    validator: Validator
+
+
+# Keyed by the schema's text and bounded by the bytes of those texts (a count of entries is no bound:
+# a schema may be as large as a request body), least recently used first out.
+_COMPILED: LRUCache[str, _Compiled] = LRUCache(maxsize=SCHEMA_CACHE_BYTES, getsizeof=lambda entry: entry.size)
+_COMPILED_LOCK = threading.Lock()
+
+
 def _compile(schema_json: str) -> Validator:
     schema = json.loads(schema_json)
     _check_keywords(schema)
