@@ -117,8 +117,15 @@ def _embedded(ip: IPAddress) -> list[IPAddress]:
 
 def _is_global(ip: IPAddress) -> bool:
     """One address (not what it embeds) is global unicast."""
+    # IPv6 site-local (fec0::/10, deprecated but still a private network where used) is not in is_private.
+    site_local = isinstance(ip, ipaddress.IPv6Address) and ip.is_site_local
     return ip.is_global and not (
-        ip.is_multicast or ip.is_reserved or ip.is_loopback or ip.is_link_local or ip.is_unspecified
+        ip.is_multicast
+        or ip.is_reserved
+        or ip.is_loopback
+        or ip.is_link_local
+        or ip.is_unspecified
+        or site_local
     )
 
 

@@ -43,6 +43,8 @@ DEFAULT = NetworkPolicy.from_network(None)
         "::",
         "fe80::1",
         "fc00::1",
+        "fec0::1",  # site-local (deprecated, RFC 3879): still a private network where it is used
+        "feff::1",
         "ff02::1",
         "::ffff:127.0.0.1",
         "::ffff:10.0.0.1",
