@@ -10,7 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.auth.limits import TenantLimiter
 from app.auth.service import LOCAL_TENANT, Authenticator
-from app.kit.db import Session
+from app.kit.db import Session, autocommit_unit
 from app.kit.errors import Unauthorized
 
 _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer <key>`.")
@@ -40,8 +40,11 @@ async def check_key_before_body(request: Request) -> None:
     The tenant found is kept for ``get_tenant`` (one key lookup per request); the rate limit stays
     there."""
     sessionmaker: async_sessionmaker[AsyncSession] = request.app.state.sessionmaker
+    credentials = await _bearer(request)
     async with sessionmaker() as session:
-        tenant = await _key_tenant(request, session, await _bearer(request))
+        if credentials is not None:  # a stored key's lookup is one read: no BEGIN and ROLLBACK around it
+            await autocommit_unit(session)
+        tenant = await _key_tenant(request, session, credentials)
     request.state.key_tenant = tenant
 
 
