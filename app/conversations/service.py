@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import keyword
 import shutil
@@ -62,7 +63,7 @@ from app.runtime import CallReply, Limits
 from app.runtime.protocol import RESERVED_NAMES as RUNTIME_NAMES
 from app.tools.mcp import McpManager
 from app.tools.registry import ToolDefinitionError, ToolRegistry, make_tool
-from app.tools.schema import SchemaProblem, check_request_size
+from app.tools.schema import INLINE_SCHEMA_NODES, SchemaProblem, check_request_size, count_nodes, off_loop
 
 if TYPE_CHECKING:
     from app.auth.limits import TenantLimiter
@@ -217,7 +218,7 @@ class ConversationService:
             raise UnknownPersona(f"persona: no persona {body.persona!r}; available: {names}.")
         if body.input is not None:
             self._check_input(body.input)
-        tools = _tool_definitions(body.tools, field="tools")
+        tools = await _checked_tools(body.tools, field="tools")
         history = seeded_transcript(
             body.messages,
             max_chars=self.settings.max_input_chars,
@@ -286,7 +287,7 @@ class ConversationService:
         if body.tools is not None:
             await leave_autocommit(self.session)
             merged = {t["name"]: t for t in conversation.tools}
-            merged.update({t["name"]: t for t in _tool_definitions(body.tools, field="tools")})
+            merged.update({t["name"]: t for t in await _checked_tools(body.tools, field="tools")})
             _check_merged_tools(list(merged.values()))
             conversation.tools = list(merged.values())
         return await self._run_turn(
@@ -1633,6 +1634,17 @@ def _check_merged_tools(tools: Sequence[Mapping[str, Any]]) -> None:
         check_request_size(t["parameters"] for t in tools)
     except SchemaProblem as exc:
         raise InvalidTool(f"tools: with the conversation's own, {exc}") from exc
+
+
+async def _checked_tools(tools: Sequence[schemas.ToolIn], *, field: str) -> list[dict[str, Any]]:
+    """``_tool_definitions``, in the schema-checking thread when the tools' schemas are large
+    (``off_loop``): their meta-schema check would hold the event loop for up to ~0.6 s."""
+    nodes = 0
+    for tool in tools:
+        nodes += count_nodes(tool.definition().parameters, limit=INLINE_SCHEMA_NODES - nodes)
+        if nodes > INLINE_SCHEMA_NODES:
+            return await off_loop(functools.partial(_tool_definitions, tools, field=field))
+    return _tool_definitions(tools, field=field)
 
 
 def _tool_definitions(tools: Sequence[schemas.ToolIn], *, field: str) -> list[dict[str, Any]]:
