@@ -93,6 +93,9 @@ class Settings(BaseSettings):
     # of those modules (most: tools, files, text): a fresh fork of one costs ~40% less CPU.
     # 0: every block runs on the preloaded workers.
     runtime_plain_workers: int = Field(default=2, ge=0, le=64)
+    # Fork the sandbox workers at the first block rather than at start-up: a quicker start and no
+    # idle sandbox processes, for a server that rarely runs code; that first block waits for them.
+    runtime_lazy_start: bool = False
     block_cpu_seconds: float = 10.0
     block_memory_mb: int = 2048
     block_wall_clock_seconds: float = 30.0

@@ -137,6 +137,7 @@ async def open_resources(settings: Settings, *, role: Role = "api") -> AsyncIter
             fallback=namespaces_required is None,
             bwrap=None if settings.bwrap_path is None else str(settings.bwrap_path),
             cgroup_root=settings.sandbox_cgroup_root,
+            lazy=settings.runtime_lazy_start,
         )
         stack.push_async_callback(pool.aclose)
         try:

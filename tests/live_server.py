@@ -91,6 +91,7 @@ def sabre_server(
         "SABRE_MODEL": "scripted-model",
         "SABRE_RUNTIME_WORKERS": "1",
         "SABRE_RUNTIME_PRELOAD": "",
+        "SABRE_RUNTIME_LAZY_START": "true",
         "SABRE_API_KEYS": api_keys,
     }
     if database_url:

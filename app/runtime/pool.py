@@ -100,6 +100,10 @@ class RuntimePool:
     the ``size`` preloaded ones, for blocks that name no preloaded module (``app.runtime.tiers``):
     forking them costs about 40% less CPU. They bind processes alike, up to ``live_processes``
     of their own. Without a preload list every worker is plain already and this is ignored.
+
+    ``lazy``: ``start`` chooses the sandbox (its probe fails as before) but forks no worker; the
+    first block starts them and waits, as it waits for a busy pool. For servers that rarely run
+    code, and for the test suite, whose apps mostly run none.
     """
 
     def __init__(
@@ -117,6 +121,7 @@ class RuntimePool:
         bwrap: str | None = None,
         cgroup_root: Path | None = DEFAULT_CGROUP_ROOT,
         plain_size: int = 0,
+        lazy: bool = False,
     ) -> None:
         if size < 1:
             raise ValueError("a runtime pool needs at least one worker")
@@ -132,6 +137,7 @@ class RuntimePool:
             surplus_idle_seconds=surplus_idle_seconds,
             cgroup_root=cgroup_root,
             evict=lambda: self.bindings.give_way("preloaded"),
+            lazy=lazy,
         )
         # Processes being readied for a conversation's next block (``prepare``), by workdir.
         self._preparing: dict[Path, asyncio.Task[None]] = {}
@@ -147,6 +153,7 @@ class RuntimePool:
                 surplus_idle_seconds=surplus_idle_seconds,
                 cgroup_root=cgroup_root,
                 evict=lambda: self.bindings.give_way("plain"),
+                lazy=lazy,
             )
 
     def supervisor(self, tier: Tier) -> WorkerSupervisor:
@@ -167,9 +174,10 @@ class RuntimePool:
 
     @property
     def every_kind_idle(self) -> bool:
-        """Whether a worker of each kind (preloaded, plain) is idle, so that a block of either
-        could start now: a sub-task's check, whose parent block holds its own worker meanwhile."""
-        return self.workers.idle_workers > 0 and (self.plain is None or self.plain.idle_workers > 0)
+        """Whether a worker of each kind (preloaded, plain) is idle, or not started yet in a lazy
+        pool, so that a block of either could start now without waiting for another block: a
+        sub-task's check, whose parent block holds its own worker meanwhile."""
+        return self.workers.can_take_block and (self.plain is None or self.plain.can_take_block)
 
     @property
     def parked_blocks(self) -> int:

@@ -61,6 +61,7 @@ class WorkerSupervisor:
         surplus_idle_seconds: float,
         cgroup_root: Path | None = DEFAULT_CGROUP_ROOT,
         evict: Callable[[], bool],
+        lazy: bool = False,
     ) -> None:
         self._choice = choice
         self._size = size
@@ -68,6 +69,10 @@ class WorkerSupervisor:
         self._live_processes = live_processes
         self._surplus_idle_seconds = surplus_idle_seconds
         self._evict = evict
+        # Lazy: the workers start at the first ``acquire``, not in ``start`` (once, under the lock).
+        self._lazy = lazy
+        self._started = False
+        self._start_lock = asyncio.Lock()
         # Workers not retired, each in its state; the idle ones also in ``_idle``, first come first
         # served. Any change that may let a waiting ``acquire`` go on resolves ``_changed``.
         self.workers: set[WorkerProcess] = set()
@@ -97,6 +102,12 @@ class WorkerSupervisor:
     def idle_workers(self) -> int:
         """Workers whose child is forked and waiting for a block (for readiness and metrics)."""
         return sum(1 for worker in self.workers if worker.state is WorkerState.IDLE)
+
+    @property
+    def can_take_block(self) -> bool:
+        """Whether a block would get a worker without waiting for another block to end: one is
+        idle, or (lazy) none was started yet and the block's ``acquire`` starts them."""
+        return self.idle_workers > 0 or (self._lazy and not self._started and not self.closed)
 
     def set_state(self, worker: WorkerProcess, state: WorkerState) -> None:
         """Move ``worker`` to ``state``; an idle one queues for ``acquire``, which is woken (and,
@@ -184,17 +195,31 @@ class WorkerSupervisor:
     # Lifespan ------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start ``size`` workers and wait until each has an idle child (the backend is chosen).
+        """Make the pool's cgroups, then start ``size`` workers and wait until each has an idle child
+        (the backend is chosen); a lazy supervisor starts them at its first ``acquire`` instead.
         RuntimeError when one fails to start."""
         await self._open_cgroups()
-        results = await asyncio.gather(*(self._spawn() for _ in range(self._size)), return_exceptions=True)
-        failures = [r for r in results if isinstance(r, BaseException)]
-        if failures:
-            await self.aclose()
-            raise RuntimeError(f"sandbox worker failed to start: {failures[0]}") from failures[0]
-        for worker in results:
-            assert isinstance(worker, WorkerProcess)
-            self.set_state(worker, WorkerState.IDLE)
+        if not self._lazy:
+            await self._start_workers()
+
+    async def _start_workers(self) -> None:
+        """The first ``size`` workers, once (a failure closes the pool, as at start-up)."""
+        async with self._start_lock:
+            if self._started:
+                return
+            if self.closed:
+                raise RuntimeError("the runtime pool is closed")
+            results = await asyncio.gather(
+                *(self._spawn() for _ in range(self._size)), return_exceptions=True
+            )
+            failures = [r for r in results if isinstance(r, BaseException)]
+            if failures:
+                await self.aclose()
+                raise RuntimeError(f"sandbox worker failed to start: {failures[0]}") from failures[0]
+            for worker in results:
+                assert isinstance(worker, WorkerProcess)
+                self.set_state(worker, WorkerState.IDLE)
+            self._started = True
 
     async def aclose(self) -> None:
         """Kill every worker (and child); blocks still running end with an error."""
@@ -474,6 +499,8 @@ class WorkerSupervisor:
         """An idle worker, now running, whose cgroup bounds a block's whole process tree by
         ``limits`` (memory, swap, tasks) and counts OOM kills from here; a worker whose cgroup
         the kernel will not set so (v1: more memory in use than the new limit) is retired."""
+        if not self._started:
+            await self._start_workers()
         while True:
             worker = await self._take_idle()
             cgroup = worker.cgroup

@@ -39,6 +39,7 @@ def worker_env(*, database_url: str | None, llm: ScriptedLLM, tmp_path: Path, **
         "SABRE_MODEL": "scripted-model",
         "SABRE_RUNTIME_WORKERS": "1",
         "SABRE_RUNTIME_PRELOAD": "",
+        "SABRE_RUNTIME_LAZY_START": "true",
         **extra,
     }
     if database_url is not None:

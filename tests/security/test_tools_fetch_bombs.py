@@ -25,7 +25,7 @@ from app.personas.models import Network
 
 LIMITS = FetchLimits(max_bytes=200_000, timeout_seconds=20, max_redirects=1)
 LOOPBACK = NetworkPolicy.from_network(Network(allow=("127.0.0.1",)))
-INFLATED = 400 << 20
+INFLATED = 128 << 20  # six times the bound below: enough to show a decoder that does not stop at the cap
 MB = 1 << 20
 
 
