@@ -54,7 +54,10 @@ async def test_block_computes_and_prints(client: httpx.AsyncClient, llm: Scripte
 
 async def test_variables_survive_a_new_app_process(make_client: AppFactory, llm: ScriptedLLM) -> None:
     llm.script(block("import math\nsecret = {'n': 41}\nroot = math.sqrt(16)"), "Stored.")
-    async with make_client() as first:
+    # The first app starts its sandbox workers with it (the service's default; the suite's apps are
+    # lazy), the second at its first block.
+    async with make_client(runtime_lazy_start=False) as first:
+        assert first.app.state.pool.idle_workers == 1  # type: ignore[attr-defined]
         turn = (await create(first, "remember")).json()
     assert turn["status"] == "completed", turn
     # A new app (new pool, new engine) on the same store continues the conversation.
