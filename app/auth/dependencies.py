@@ -16,17 +16,23 @@ from app.kit.errors import Unauthorized
 _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer <key>`.")
 
 
+def _keyless_tenant(request: Request) -> str:
+    """The tenant of a request without a Bearer key: ``local`` in open mode, else 401."""
+    auth: Authenticator = request.app.state.authenticator
+    if request.headers.get("authorization"):
+        raise Unauthorized("Use the Bearer scheme: `Authorization: Bearer <key>`.")
+    if not auth.open_mode:
+        raise Unauthorized("Send an API key as `Authorization: Bearer <key>`.")
+    return LOCAL_TENANT
+
+
 async def _key_tenant(
     request: Request, session: AsyncSession, credentials: HTTPAuthorizationCredentials | None
 ) -> str:
     """The tenant of the request's key (``local`` in open mode); 401 without a valid one."""
-    auth: Authenticator = request.app.state.authenticator
     if credentials is None:
-        if request.headers.get("authorization"):
-            raise Unauthorized("Use the Bearer scheme: `Authorization: Bearer <key>`.")
-        if not auth.open_mode:
-            raise Unauthorized("Send an API key as `Authorization: Bearer <key>`.")
-        return LOCAL_TENANT
+        return _keyless_tenant(request)
+    auth: Authenticator = request.app.state.authenticator
     found = await auth.tenant_for(session, credentials.credentials)
     if found is None:
         raise Unauthorized("The API key is not valid.")
@@ -38,13 +44,18 @@ async def check_key_before_body(request: Request) -> None:
     calls it for a route with a body that takes a ``Tenant``): parsing and checking a body of the
     size limit holds the event loop for seconds, which a caller without a valid key must not get.
     The tenant found is kept for ``get_tenant`` (one key lookup per request); the rate limit stays
-    there."""
-    sessionmaker: async_sessionmaker[AsyncSession] = request.app.state.sessionmaker
+    there. Only a stored key is read from the store, in a unit of its own."""
     credentials = await _bearer(request)
-    async with sessionmaker() as session:
-        if credentials is not None:  # a stored key's lookup is one read: no BEGIN and ROLLBACK around it
-            await autocommit_unit(session)
-        tenant = await _key_tenant(request, session, credentials)
+    auth: Authenticator = request.app.state.authenticator
+    if credentials is None:
+        tenant = _keyless_tenant(request)
+    elif (configured := auth.static_tenant(credentials.credentials)) is not None:
+        tenant = configured
+    else:
+        sessionmaker: async_sessionmaker[AsyncSession] = request.app.state.sessionmaker
+        async with sessionmaker() as session:
+            await autocommit_unit(session)  # one read: no BEGIN and ROLLBACK around it
+            tenant = await _key_tenant(request, session, credentials)
     request.state.key_tenant = tenant
 
 

@@ -128,13 +128,19 @@ class Authenticator:
         self._static = {hash_key(k): tenant for k, tenant in static_keys.items()}
         self.open_mode = open_mode
 
-    async def tenant_for(self, session: AsyncSession, token: str) -> str | None:
-        """The tenant owning ``token``, or None; ``KeyExpired`` for a stored key past its expiry."""
+    def static_tenant(self, token: str) -> str | None:
+        """The tenant of ``token`` when it is one of the configured keys (no store read), else None."""
         digest = hash_key(token)
         for known, tenant in self._static.items():
             if hmac.compare_digest(known, digest):
                 return tenant
-        found = await ApiKeyRepository(session).by_hash(digest)
+        return None
+
+    async def tenant_for(self, session: AsyncSession, token: str) -> str | None:
+        """The tenant owning ``token``, or None; ``KeyExpired`` for a stored key past its expiry."""
+        if (tenant := self.static_tenant(token)) is not None:
+            return tenant
+        found = await ApiKeyRepository(session).by_hash(hash_key(token))
         if found is None:
             return None
         tenant, expires_at = found
