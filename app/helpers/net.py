@@ -417,6 +417,7 @@ class _Decoder:
             if self.coding == "deflate" and not self._started:  # raw deflate, without zlib's header
                 self._zlib = zlib.decompressobj(-zlib.MAX_WBITS)
                 self._started = True
+                self.received -= len(data)  # counted again as it is decoded again
                 return self.decode(data)
             raise FetchError(f"{self.url}: the {self.coding} body cannot be decoded: {exc}") from None
         self._started = True
