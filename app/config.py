@@ -182,6 +182,9 @@ class Settings(BaseSettings):
     rate_limit: str = ""
     max_concurrent_turns: int = Field(default=0, ge=0)
     token_quota: str = ""
+    # Event streams (SSE) a tenant may hold open at once in one process (0: unlimited); also a
+    # key of SABRE_TENANT_LIMITS.
+    max_event_streams: int = Field(default=100, ge=0)
     tenant_limits: str = ""
     # Browser origins allowed to call the API (comma-separated, or *); empty: no CORS headers.
     cors_origins: str = ""

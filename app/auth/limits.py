@@ -1,4 +1,4 @@
-"""Per-tenant limits: requests per window, turns at once, model tokens per window.
+"""Per-tenant limits: requests per window, turns at once, model tokens per window, event streams open.
 
 The counters live in Redis when the service has one (every replica and worker shares them), else
 in this process (each ``sabre serve`` process then counts on its own: README, "Tenant limits").
@@ -6,7 +6,8 @@ Every check runs before the request writes anything or starts a turn, so a refus
 nothing behind. Rates use the ``limits`` library (a sliding window counter: one round trip per
 request); token quotas a fixed window that turns add their recorded usage to when they end; the
 turns a tenant has at once, a set of leases (a turn's lease is renewed while it runs, so a runner
-that died frees its place once the lease lapses).
+that died frees its place once the lease lapses); the event streams a tenant holds open, a count in
+this process (what a stream holds, a socket, a task and a bus subscription, is this process's).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -57,6 +59,13 @@ class ConcurrentTurnsLimited(TooManyRequests):
     title = "Too many turns at once"
 
 
+class ConcurrentStreamsLimited(TooManyRequests):
+    """The tenant holds its most event streams open in this process."""
+
+    code = "concurrent_streams_limited"
+    title = "Too many event streams open"
+
+
 class TokenQuotaExceeded(TooManyRequests):
     """The tenant's turns have used its model tokens for the window (429: the window resets)."""
 
@@ -71,6 +80,7 @@ class TenantPolicy:
     rates: tuple[RateLimitItem, ...] = ()
     max_concurrent_turns: int = 0  # 0: unlimited
     token_quota: RateLimitItem | None = None
+    max_event_streams: int = 0  # 0: unlimited
 
     @property
     def limits_turns(self) -> bool:
@@ -96,6 +106,7 @@ def parse_policies(settings: Settings) -> tuple[TenantPolicy, dict[str, TenantPo
         rates=_items(settings.rate_limit, where="SABRE_RATE_LIMIT"),
         max_concurrent_turns=settings.max_concurrent_turns,
         token_quota=quota[0] if quota else None,
+        max_event_streams=settings.max_event_streams,
     )
     if not settings.tenant_limits.strip():
         return default, {}
@@ -105,7 +116,7 @@ def parse_policies(settings: Settings) -> tuple[TenantPolicy, dict[str, TenantPo
         raise ValueError(f"SABRE_TENANT_LIMITS is not JSON: {exc}") from None
     if not isinstance(raw, dict):
         raise ValueError('SABRE_TENANT_LIMITS: expected {"tenant": {"rate_limit": …}, …}')
-    known = {"rate_limit", "max_concurrent_turns", "token_quota"}
+    known = {"rate_limit", "max_concurrent_turns", "token_quota", "max_event_streams"}
     overrides: dict[str, TenantPolicy] = {}
     for tenant, values in raw.items():
         where = f"SABRE_TENANT_LIMITS[{tenant!r}]"
@@ -114,6 +125,9 @@ def parse_policies(settings: Settings) -> tuple[TenantPolicy, dict[str, TenantPo
         turns = values.get("max_concurrent_turns", default.max_concurrent_turns)
         if not isinstance(turns, int) or isinstance(turns, bool) or turns < 0:
             raise ValueError(f"{where}.max_concurrent_turns: expected an integer >= 0")
+        streams = values.get("max_event_streams", default.max_event_streams)
+        if not isinstance(streams, int) or isinstance(streams, bool) or streams < 0:
+            raise ValueError(f"{where}.max_event_streams: expected an integer >= 0")
         rates = (
             _items(str(values["rate_limit"]), where=f"{where}.rate_limit")
             if "rate_limit" in values
@@ -125,7 +139,10 @@ def parse_policies(settings: Settings) -> tuple[TenantPolicy, dict[str, TenantPo
             else ((default.token_quota,) if default.token_quota else ())
         )
         overrides[str(tenant)] = TenantPolicy(
-            rates=rates, max_concurrent_turns=turns, token_quota=quota[0] if quota else None
+            rates=rates,
+            max_concurrent_turns=turns,
+            token_quota=quota[0] if quota else None,
+            max_event_streams=streams,
         )
     return default, overrides
 
@@ -191,6 +208,7 @@ class TenantLimiter:
         self._tokens = FixedWindowRateLimiter(self._storage) if self._storage is not None else None
         self._acquire = redis.register_script(_ACQUIRE) if redis is not None else None
         self._local = _LocalLeases()
+        self._streams: dict[str, int] = {}  # event streams open in this process, by tenant
 
     def policy(self, tenant: str) -> TenantPolicy:
         """The limits that apply to ``tenant``."""
@@ -269,6 +287,36 @@ class TenantLimiter:
             await self._redis.zrem(_TURNS_KEY + tenant, turn_id)
         else:
             self._local.release(tenant, turn_id)
+
+    def open_stream(self, tenant: str) -> Callable[[], None]:
+        """Before an event stream starts: refuse it (``ConcurrentStreamsLimited``, 429) when the
+        tenant already holds its most streams open in this process, else count it. Each one holds
+        a socket, tasks and a bus subscription (without a bus across processes, a read of the store
+        every 0.25 s) for as long as its client keeps it, hours with ``follow=true``. Returns the
+        stream's release, to call once when it ends (calling it again does nothing)."""
+        limit = self.policy(tenant).max_event_streams
+        held = self._streams.get(tenant, 0)
+        if limit > 0 and held >= limit:
+            LIMITED.labels(tenant=tenant, limit="event_streams").inc()
+            raise ConcurrentStreamsLimited(
+                f"Tenant {tenant!r} already has {limit} event stream(s) open; close one first.",
+                headers={"Retry-After": "1"},
+            )
+        self._streams[tenant] = held + 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if released:
+                return
+            released = True
+            left = self._streams.get(tenant, 1) - 1
+            if left > 0:
+                self._streams[tenant] = left
+            else:
+                self._streams.pop(tenant, None)
+
+        return release
 
     async def add_tokens(self, tenant: str, tokens: int) -> None:
         """Count a finished turn's model tokens against the tenant's quota."""

@@ -81,12 +81,37 @@ async def run_idempotent(
     *,
     status_code: int,
     body: schemas.TurnRequest,
+    tenant: str,
 ) -> Response:
     """Replay a stored response, or do the work with the key claimed (released again on failure).
 
     The claim is renewed for as long as the work runs, so it never expires under a live request.
-    A streamed request answers with the turn's events (a replayed one, with the stored events).
+    A streamed request answers with the turn's events (a replayed one, with the stored events),
+    and takes one of its tenant's event streams first (``TenantLimiter.open_stream``: a refused
+    request has done nothing), given back when its stream ends.
     """
+    release = request.app.state.limiter.open_stream(tenant) if body.stream else None
+    try:
+        return await _run_idempotent(
+            request, idempotency, work, status_code=status_code, body=body, release=release
+        )
+    except BaseException:
+        if release is not None:
+            release()
+        raise
+
+
+async def _run_idempotent(
+    request: Request,
+    idempotency: Idempotency | None,
+    work: Callable[[Idempotency | None], Awaitable[schemas.TurnOut]],
+    *,
+    status_code: int,
+    body: schemas.TurnRequest,
+    release: Callable[[], None] | None,
+) -> Response:
+    """``run_idempotent`` once its stream (if any) is counted; ``release`` ends that stream's count,
+    called by the streamed response when it is over, or here when the answer is no stream."""
     if idempotency is not None:
         stored = await idempotency.begin()
         if stored is not None:
@@ -99,7 +124,10 @@ async def run_idempotent(
                     # the stored 202 of a background turn, which a stream never answers.
                     status_code=status_code,
                     headers={"Idempotent-Replayed": "true"},
+                    on_close=release,
                 )
+            if release is not None:
+                release()
             replayed = {"Idempotent-Replayed": "true"} | _turn_headers(
                 stored.body, status_code=stored.status_code
             )
@@ -119,6 +147,7 @@ async def run_idempotent(
             turn_id=turn.turn_id,
             status_code=status_code,
             headers=location,
+            on_close=release,
         )
     if body.background:
         return JSONResponse(
@@ -156,12 +185,14 @@ async def turn_events(
     turn_id: str,
     status_code: int,
     headers: dict[str, str] | None = None,
+    on_close: Callable[[], None] | None = None,
 ) -> Response:
     """The events of one turn as SSE, from its ``turn.started`` to its end event, live while it runs."""
     return event_stream(
         turn_event_items(request, conversation_id=conversation_id, turn_id=turn_id),
         status_code=status_code,
         headers=headers,
+        on_close=on_close,
     )
 
 
@@ -225,7 +256,9 @@ async def continue_conversation(
         check_version(if_match, conversation.version)
         return await run(conversation, idem)
 
-    return await run_idempotent(request, idempotency, work, status_code=status.HTTP_200_OK, body=body)
+    return await run_idempotent(
+        request, idempotency, work, status_code=status.HTTP_200_OK, body=body, tenant=tenant
+    )
 
 
 def check_version(if_match: str | None, version: int) -> None:
@@ -328,6 +361,7 @@ async def create_conversation(
         lambda idem: service.create(tenant=tenant, body=body, idempotency=idem),
         status_code=status.HTTP_201_CREATED,
         body=body,
+        tenant=tenant,
     )
 
 
@@ -657,6 +691,8 @@ async def list_events(
                 conversation_id=conversation.id, now=utcnow()
             )
 
+    # Counted last: nothing after this refuses the stream, whose end gives the place back.
+    release = request.app.state.limiter.open_stream(tenant)
     return event_stream(
         follow(
             sessionmaker=sessionmaker,
@@ -665,5 +701,6 @@ async def list_events(
             after=after,
             mode="forever" if follow_mode else "turn",
             running=running,
-        )
+        ),
+        on_close=release,
     )

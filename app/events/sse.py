@@ -7,10 +7,11 @@ does not take a write within ``SEND_TIMEOUT_SECONDS``, so a stalled client never
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
-from typing import Final
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any, Final
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.types import Receive, Scope, Send
 
 from app.events.schemas import EventOut
 from app.events.stream import CutOff, Heartbeat
@@ -30,17 +31,36 @@ async def _encode(items: AsyncIterator[EventOut | Heartbeat | CutOff]) -> AsyncI
             return
 
 
+class _EventSource(EventSourceResponse):
+    """An SSE response that calls ``on_close`` once it is over, however it ended (its items done,
+    its client gone, a send timed out, the server shutting down)."""
+
+    def __init__(self, *args: Any, on_close: Callable[[], None] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if self._on_close is not None:
+                self._on_close()
+
+
 def event_stream(
     items: AsyncIterator[EventOut | Heartbeat | CutOff],
     *,
     status_code: int = 200,
     headers: Mapping[str, str] | None = None,
+    on_close: Callable[[], None] | None = None,
 ) -> EventSourceResponse:
-    """An SSE response of ``items``; it ends when they do."""
-    return EventSourceResponse(
+    """An SSE response of ``items``; it ends when they do. ``on_close`` is called when it is over
+    (the release of the stream's place among its tenant's, ``TenantLimiter.open_stream``)."""
+    return _EventSource(
         _encode(items),
         status_code=status_code,
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no", **(headers or {})},
         ping=PING_SECONDS,
         send_timeout=SEND_TIMEOUT_SECONDS,
+        on_close=on_close,
     )
