@@ -7,6 +7,7 @@ does not take a write within ``SEND_TIMEOUT_SECONDS``, so a stalled client never
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Final
 
@@ -55,8 +56,10 @@ def event_stream(
     on_close: Callable[[], None] | None = None,
 ) -> EventSourceResponse:
     """An SSE response of ``items``; it ends when they do. ``on_close`` is called when it is over
-    (the release of the stream's place among its tenant's, ``TenantLimiter.open_stream``)."""
-    return _EventSource(
+    (the release of the stream's place among its tenant's, ``TenantLimiter.open_stream``), or when
+    the response is dropped without being sent (a failure between the endpoint and the send): a
+    place never given back would shrink its tenant's streams for the process's life."""
+    response = _EventSource(
         _encode(items),
         status_code=status_code,
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no", **(headers or {})},
@@ -64,3 +67,6 @@ def event_stream(
         send_timeout=SEND_TIMEOUT_SECONDS,
         on_close=on_close,
     )
+    if on_close is not None:
+        weakref.finalize(response, on_close)  # the release is idempotent: a sent stream's is a no-op
+    return response

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import socket
 from collections.abc import AsyncIterator
 from typing import Any
@@ -22,6 +23,8 @@ from typing import Any
 import httpx
 import uvicorn
 
+from app.events.schemas import EventOut
+from app.events.sse import event_stream
 from app.llm.scripted import ScriptedLLM
 from tests.conftest import AppFactory
 
@@ -106,3 +109,18 @@ async def test_a_tenant_holds_at_most_its_event_streams_and_gets_them_back(
                     await asyncio.sleep(0.05)
                 assert again.status_code == 200
     assert len(llm.requests) == 2  # the refused streamed POST ran no turn
+
+
+async def _no_events() -> AsyncIterator[EventOut]:
+    return
+    yield  # an async generator that yields nothing
+
+
+def test_a_stream_dropped_before_it_is_sent_gives_its_place_back() -> None:
+    # Between the endpoint and the send (a commit of the request's session that fails, say) the
+    # response may never run: its place must not stay taken for the process's life.
+    closed: list[int] = []
+    response = event_stream(_no_events(), on_close=lambda: closed.append(1))
+    del response
+    gc.collect()
+    assert closed == [1]
