@@ -197,7 +197,7 @@ def make_client(store: dict[str, str | None], llm: ScriptedLLM, tmp_path: Path) 
             "model": "scripted-model",
             "runtime_workers": 1,
             "runtime_preload": "",
-            # Most of the suite's apps run no block: forking no worker for them is a fifth of its time.
+            # Most of the suite's apps run no block: forking workers at their start was a sixth of its time.
             "runtime_lazy_start": True,
             "block_wall_clock_seconds": 10,
         }
