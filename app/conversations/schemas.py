@@ -173,6 +173,8 @@ ToolIn = Annotated[
 
 # A seeded history: at most this many messages (each also bounded, and the body as a whole).
 MAX_HISTORY_MESSAGES = 1_000
+MAX_TOOLS = 128
+"""External tools one request may declare, and a conversation hold (its messages may add some)."""
 TOOL_NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
 
 
@@ -294,7 +296,7 @@ class CreateConversation(TurnRequest):
     )
     tools: list[ToolIn] = Field(
         default_factory=list,
-        max_length=128,
+        max_length=MAX_TOOLS,
         description="External tools the caller runs: calling one pauses the turn with pending_tool_calls.",
     )
     webhook_url: str | None = Field(
@@ -333,7 +335,7 @@ class PostMessage(TurnRequest):
     input: str = Field(description="The user's message.", json_schema_extra=NON_BLANK)
     tools: list[ToolIn] | None = Field(
         default=None,
-        max_length=128,
+        max_length=MAX_TOOLS,
         description="Add or replace external tools (by name) from this message on.",
     )
 

@@ -63,7 +63,7 @@ from app.runtime import CallReply, Limits
 from app.runtime.protocol import RESERVED_NAMES as RUNTIME_NAMES
 from app.tools.mcp import McpManager
 from app.tools.registry import ToolDefinitionError, ToolRegistry, make_tool
-from app.tools.schema import INLINE_SCHEMA_NODES, SchemaProblem, check_request_size, count_nodes, off_loop
+from app.tools.schema import INLINE_SCHEMA_NODES, SchemaProblem, check_request_size, off_loop
 
 if TYPE_CHECKING:
     from app.auth.limits import TenantLimiter
@@ -1619,16 +1619,12 @@ def _pending_out(paused: PausedBlock | None) -> list[schemas.PendingToolCall]:
 RESERVED_NAMES = frozenset(HELPERS) | {name.split(".", 1)[0] for name in HELPERS} | RUNTIME_NAMES
 
 
-MAX_CONVERSATION_TOOLS = 128
-"""External tools a conversation may hold, as a request may declare: each message may add some."""
-
-
 def _check_merged_tools(tools: Sequence[Mapping[str, Any]]) -> None:
     """422 when a message's tools, with those the conversation has, pass what one request may declare:
     every turn renders and checks them all, so adding some with each message grew both without end."""
-    if len(tools) > MAX_CONVERSATION_TOOLS:
+    if len(tools) > schemas.MAX_TOOLS:
         raise InvalidTool(
-            f"tools: the conversation would have {len(tools)} tools; the limit is {MAX_CONVERSATION_TOOLS}"
+            f"tools: the conversation would have {len(tools)} tools; the limit is {schemas.MAX_TOOLS}"
         )
     try:
         check_request_size(t["parameters"] for t in tools)
@@ -1637,24 +1633,23 @@ def _check_merged_tools(tools: Sequence[Mapping[str, Any]]) -> None:
 
 
 async def _checked_tools(tools: Sequence[schemas.ToolIn], *, field: str) -> list[dict[str, Any]]:
-    """``_tool_definitions``, in the schema-checking thread when the tools' schemas are large
-    (``off_loop``): their meta-schema check would hold the event loop for up to ~0.6 s."""
-    nodes = 0
-    for tool in tools:
-        nodes += count_nodes(tool.definition().parameters, limit=INLINE_SCHEMA_NODES - nodes)
-        if nodes > INLINE_SCHEMA_NODES:
-            return await off_loop(functools.partial(_tool_definitions, tools, field=field))
+    """``_tool_definitions`` once the tools' size is checked (422 past the request's bound), in the
+    schema-checking thread when they are large (``off_loop``): their meta-schema check would hold
+    the event loop for up to ~0.6 s."""
+    try:
+        nodes = check_request_size(tool.definition().parameters for tool in tools)
+    except SchemaProblem as exc:
+        raise InvalidTool(f"{field}: {exc}") from exc
+    if nodes > INLINE_SCHEMA_NODES:
+        return await off_loop(functools.partial(_tool_definitions, tools, field=field))
     return _tool_definitions(tools, field=field)
 
 
 def _tool_definitions(tools: Sequence[schemas.ToolIn], *, field: str) -> list[dict[str, Any]]:
-    """Validated, normalised tool definitions (one shape) for the store; 422 naming the bad one."""
+    """Validated, normalised tool definitions (one shape) for the store; 422 naming the bad one.
+    Their size is checked first (``_checked_tools``)."""
     seen: set[str] = set()
     definitions: list[dict[str, Any]] = []
-    try:  # each schema is checked against the meta-schema below, which costs per subschema
-        check_request_size(tool.definition().parameters for tool in tools)
-    except SchemaProblem as exc:
-        raise InvalidTool(f"{field}: {exc}") from exc
     for index, tool in enumerate(tools):
         definition = tool.definition()
         try:

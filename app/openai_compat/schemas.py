@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.conversations.schemas import TOOL_NAME_PATTERN, ToolIn
+from app.conversations.schemas import MAX_TOOLS, TOOL_NAME_PATTERN, ToolIn
 
 # A chat request's history: at most this many messages (the body limit bounds their size).
 MAX_CHAT_MESSAGES = 2_000
@@ -97,7 +97,7 @@ class ChatCompletionRequest(_Strict):
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_CHAT_MESSAGES)
     tools: list[ToolIn] = Field(
         default_factory=list,
-        max_length=128,
+        max_length=MAX_TOOLS,
         description="The caller's tools: the code calls them as functions; a call pauses the turn and "
         "comes back as `tool_calls`.",
     )

@@ -392,9 +392,9 @@ async def off_loop(call: Callable[[], _T]) -> _T:
     return await asyncio.get_running_loop().run_in_executor(_CHECKS, context.run, call)
 
 
-def check_request_size(schemas: Iterable[Mapping[str, Any] | None]) -> None:
-    """Refuse the tools of one request when their schemas hold more than ``MAX_REQUEST_SCHEMA_NODES``
-    objects and arrays together (``SchemaProblem``): each is checked against the meta-schema."""
+def check_request_size(schemas: Iterable[Mapping[str, Any] | None]) -> int:
+    """How many objects and arrays the tools of one request hold together; ``SchemaProblem`` past
+    ``MAX_REQUEST_SCHEMA_NODES`` (each is checked against the meta-schema, at a cost per subschema)."""
     total = 0
     for schema in schemas:
         total += count_nodes(schema, limit=MAX_REQUEST_SCHEMA_NODES - total)
@@ -403,6 +403,7 @@ def check_request_size(schemas: Iterable[Mapping[str, Any] | None]) -> None:
                 f"the tools' parameters hold more than {MAX_REQUEST_SCHEMA_NODES} objects and arrays "
                 "(subschemas) together; declare fewer tools or simpler ones"
             )
+    return total
 
 
 def _count_values(instance: Any) -> int:
