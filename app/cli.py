@@ -92,7 +92,11 @@ def _serve_metrics(settings: Settings) -> None:
 def worker(
     concurrency: Annotated[
         int | None,
-        typer.Option(min=1, max=1000, help="Jobs run at once (default SABRE_WORKER_CONCURRENCY or 8)."),
+        typer.Option(
+            min=1,
+            max=1000,
+            help="Turns run at once (default SABRE_WORKER_CONCURRENCY or 8; webhooks apart).",
+        ),
     ] = None,
 ) -> None:
     """Run background jobs (turns, webhooks) from the PostgreSQL store until SIGTERM or SIGINT.

@@ -131,7 +131,10 @@ class Settings(BaseSettings):
     # its own process: always on the embedded store (its jobs live in that process), and on
     # PostgreSQL unless this is off (then run `sabre worker` processes).
     worker_in_serve: bool = True
-    worker_concurrency: int = Field(default=8, ge=1, le=1000)  # jobs one worker runs at once
+    worker_concurrency: int = Field(default=8, ge=1, le=1000)  # turns (and upkeep) one worker runs at once
+    # Webhook deliveries one worker runs at once, in slots of their own: receivers that never
+    # answer hold these, never a turn's.
+    webhook_concurrency: int = Field(default=8, ge=1, le=1000)
     # On SIGTERM a worker takes no new job and waits this long for its jobs; those still running
     # then are put back on their queue for another worker.
     worker_shutdown_seconds: float = Field(default=20.0, ge=0)

@@ -203,7 +203,7 @@ async def open_resources(settings: Settings, *, role: Role = "api") -> AsyncIter
             limiter=TenantLimiter(settings, redis=redis),
         )
         control.run_here = lambda turn_id: run_stored_turn(resources, turn_id)
-        control.defer = lambda turn_id: defer_turn(resources, turn_id)
+        control.defer = lambda turn_id, tenant: defer_turn(resources, turn_id, tenant=tenant)
         # Closed after the detached turns (control, below): one ending then still queues its webhook.
         await resources.jobs.open_async()
         stack.push_async_callback(resources.jobs.close_async)

@@ -39,9 +39,12 @@ async def run_turn(
     turn_id: str,
     request_id: str | None = None,
     trace_context: dict[str, str] | None = None,
+    tenant: str | None = None,
 ) -> None:
     """The job of a background turn (at least once: a rerun finds it claimed or ended). It logs
-    under the id of the request that started it, and continues that request's trace."""
+    under the id of the request that started it, and continues that request's trace. ``tenant``
+    only places the job in its tenant's share (``app.kit.jobs.defer``); the turn's row says whose
+    it is."""
     with (
         structlog.contextvars.bound_contextvars(**({"request_id": request_id} if request_id else {})),
         tracing.continued(trace_context),
@@ -49,9 +52,10 @@ async def run_turn(
         await run_stored_turn(job_resources(context), turn_id)
 
 
-async def defer_turn(resources: Resources, turn_id: str) -> None:
-    """Hand a stored turn to the job workers, with the request id and trace context of the request
-    that stored it (when there is one) for the job's logs and spans."""
+async def defer_turn(resources: Resources, turn_id: str, *, tenant: str) -> None:
+    """Hand a stored turn to the job workers, in its tenant's share of them, with the request id
+    and trace context of the request that stored it (when there is one) for the job's logs and
+    spans."""
     request_id = structlog.contextvars.get_contextvars().get("request_id")
     extra: dict[str, Any] = {}
     if isinstance(request_id, str):
@@ -59,7 +63,7 @@ async def defer_turn(resources: Resources, turn_id: str) -> None:
     carried = tracing.carrier()
     if carried:
         extra["trace_context"] = carried
-    await defer(resources.jobs, TASK, queue="turns", turn_id=turn_id, **extra)
+    await defer(resources.jobs, TASK, queue="turns", tenant=tenant, turn_id=turn_id, **extra)
 
 
 def service_for(resources: Resources, session: AsyncSession) -> ConversationService:
@@ -99,9 +103,9 @@ async def recover_turns(resources: Resources) -> int:
     async with resources.sessionmaker() as session:
         service = service_for(resources, session)
         rerun = await service.recover(queued_after=timedelta(seconds=resources.settings.turn_requeue_seconds))
-    for turn_id in rerun:
+    for turn_id, tenant in rerun.items():
         log.info("turn_recovered", turn_id=turn_id)
-        await resources.control.dispatch(turn_id, background=True)
+        await resources.control.dispatch(turn_id, tenant=tenant, background=True)
     return len(rerun)
 
 

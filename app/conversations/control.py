@@ -35,7 +35,7 @@ class TurnControl:
         self._listener: asyncio.Task[None] | None = None
         # How a stored turn is run here, and how one is handed to a job worker (set by app.wiring).
         self.run_here: Callable[[str], Coroutine[Any, Any, None]] | None = None
-        self.defer: Callable[[str], Awaitable[None]] | None = None
+        self.defer: Callable[[str, str], Awaitable[None]] | None = None
 
     async def start(self) -> None:
         """Hear cancels sent from other processes (only a bus that crosses processes has any)."""
@@ -70,11 +70,11 @@ class TurnControl:
         if self.bus.crosses_processes:
             await self.bus.publish(CANCEL_CHANNEL, turn_id)
 
-    async def dispatch(self, turn_id: str, *, background: bool) -> None:
-        """Start a stored turn: a background one on a job worker (here when there is no job engine),
-        a streamed one in this process."""
+    async def dispatch(self, turn_id: str, *, tenant: str, background: bool) -> None:
+        """Start a stored turn of ``tenant``: a background one on a job worker, in the tenant's
+        share of the workers (here when there is no job engine), a streamed one in this process."""
         if background and self.defer is not None:
-            await self.defer(turn_id)
+            await self.defer(turn_id, tenant)
             return
         if self.run_here is None:
             raise RuntimeError("this process cannot run stored turns")

@@ -366,10 +366,14 @@ class ConversationRepository:
         )
         return bool(getattr(result, "rowcount", 0))
 
-    async def stale_turns(self, *, now: datetime, queued_before: datetime, limit: int = 100) -> list[Turn]:
-        """Turns whose runner is gone (running, lease expired) or that waited too long in the queue."""
+    async def stale_turns(
+        self, *, now: datetime, queued_before: datetime, limit: int = 100
+    ) -> list[tuple[Turn, str]]:
+        """Turns whose runner is gone (running, lease expired) or that waited too long in the
+        queue, each with its tenant."""
         result = await self.session.execute(
-            select(Turn)
+            select(Turn, Conversation.tenant)
+            .join(Conversation, Conversation.id == Turn.conversation_id)
             .where(
                 or_(
                     and_(Turn.status == "running", Turn.lease_expires_at < now),
@@ -379,7 +383,7 @@ class ConversationRepository:
             .order_by(Turn.created_at)
             .limit(limit)
         )
-        return list(result.scalars())
+        return [(row, tenant) for row, tenant in result.all()]
 
     async def has_active_turn(self, *, conversation_id: str, now: datetime) -> bool:
         """Whether a turn of the conversation is queued, or running under a live lease (a runner

@@ -776,7 +776,7 @@ class ConversationService:
             # Nobody knows the id before the response, so taking the lock only now is safe.
             await self.locks.acquire(conversation.id, turn_id=turn_id)
         await recorder.publish(rows)
-        await self.control.dispatch(turn_id, background=background)
+        await self.control.dispatch(turn_id, tenant=conversation.tenant, background=background)
         return turn
 
     async def execute_stored(self, turn_id: str) -> None:
@@ -1136,15 +1136,16 @@ class ConversationService:
         await self.session.refresh(conversation)
         return self.turn_out(row, conversation)
 
-    async def recover(self, *, queued_after: timedelta) -> list[str]:
+    async def recover(self, *, queued_after: timedelta) -> dict[str, str]:
         """Turns left behind: runners that died (lease expired) and turns queued for longer than
         ``queued_after``. Stored ones are run again; a waited-for turn whose server died ends
-        ``failed`` (its client saw the connection drop and retries). The ids to run again."""
+        ``failed`` (its client saw the connection drop and retries). The turns to run again, each
+        id with its tenant."""
         now = utcnow()
-        rerun: list[str] = []
-        for row in await self.repo.stale_turns(now=now, queued_before=now - queued_after):
+        rerun: dict[str, str] = {}
+        for row, tenant in await self.repo.stale_turns(now=now, queued_before=now - queued_after):
             if row.request is not None:
-                rerun.append(row.id)
+                rerun[row.id] = tenant
                 continue
             if not await self.repo.finish_unclaimed(turn_id=row.id, status="failed", now=now):
                 continue

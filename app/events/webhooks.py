@@ -12,7 +12,10 @@ it resolves the URL and queues a ``deliver_webhook`` job on the ``webhooks`` que
   logged and the job fails without a retry (another attempt would be refused the same way);
 - counts as delivered on a 2xx answer; anything else (a network error, a timeout, another status,
   a redirect, which is never followed) is retried with exponential backoff, at most
-  ``MAX_RETRIES`` times.
+  ``MAX_RETRIES`` times;
+- runs in the worker's webhook slots, in its tenant's share of them (``app.kit.jobs``), and each
+  retry one step lower than the attempt before: receivers that fail are tried after those that
+  answer, and one tenant's dead receivers delay that tenant's webhooks, not the others'.
 
 Each tenant signs with a secret of its own, ``whsec_`` + base64 of HMAC-SHA256(server secret,
 tenant): the server secret is ``SABRE_WEBHOOK_SECRET``, or one generated once and kept in the store.
@@ -37,12 +40,13 @@ from typing import TYPE_CHECKING, Any, Final, Literal, cast, get_args
 import httpx
 import procrastinate
 import structlog
-from procrastinate import JobContext, RetryStrategy
+from procrastinate import JobContext, RetryDecision, RetryStrategy
+from procrastinate.jobs import Job
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from standardwebhooks import Webhook
 
 from app.helpers.net import FetchError, FetchLimits, NetworkDenied, NetworkPolicy, fetch
-from app.kit.jobs import defer, job_resources
+from app.kit.jobs import LOWEST_PRIORITY, defer, job_resources
 from app.kit.secrets import server_secret
 
 if TYPE_CHECKING:
@@ -192,7 +196,7 @@ async def schedule_turn_webhook(
             resources.jobs,
             TASK,
             queue="webhooks",
-            tenant=tenant,
+            tenant=tenant,  # the job's share, and an argument of the task
             url=url,
             webhook_id=webhook_id,
             payload=payload,
@@ -212,13 +216,22 @@ def _webhook_id(*, event_type: str, turn: dict[str, Any], at: datetime) -> str:
     return "whmsg_" + hashlib.sha256(seed.encode()).hexdigest()[:32]
 
 
+class SinkingRetry(RetryStrategy):
+    """Exponential backoff, each retry one priority step lower than the attempt that failed."""
+
+    def get_retry_decision(self, *, exception: BaseException, job: Job) -> RetryDecision | None:
+        """The backoff's decision, at the job's priority minus one."""
+        decision = super().get_retry_decision(exception=exception, job=job)
+        if decision is not None:
+            decision.priority = max(LOWEST_PRIORITY, job.priority - 1)
+        return decision
+
+
 @blueprint.task(
     name=TASK,
     queue="webhooks",
     pass_context=True,
-    retry=RetryStrategy(
-        max_attempts=MAX_RETRIES, exponential_wait=2, retry_exceptions=[WebhookDeliveryError]
-    ),
+    retry=SinkingRetry(max_attempts=MAX_RETRIES, exponential_wait=2, retry_exceptions=[WebhookDeliveryError]),
 )
 async def deliver_webhook(
     context: JobContext, *, tenant: str, url: str, webhook_id: str, payload: dict[str, Any]

@@ -23,6 +23,12 @@ Where jobs live:
 - SQLite (embedded): procrastinate's in-memory store, inside the ``sabre serve`` process that runs
   them; a job still queued or running when that process stops is gone, and the domain that
   deferred it recovers from its own tables (see ``WORKER_STARTUP`` in ``app.wiring``).
+
+Sharing between tenants: a job deferred for a tenant (``defer(..., tenant=...)``) gets the priority
+``-n``, where ``n`` is how many of that tenant's jobs wait or run on its queue, so workers take a
+tenant's first job before another tenant's tenth (the engine runs the highest priority first, then
+the oldest). A tenant queueing a thousand turns delays its own, not the others'. And webhooks have
+slots of their own (``SABRE_WEBHOOK_CONCURRENCY``): receivers that never answer hold those only.
 """
 
 from __future__ import annotations
@@ -51,8 +57,17 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 Queue = Literal["turns", "webhooks", "maintenance"]
-# Every worker takes jobs from every queue: one kind of worker to deploy and scale.
+# Every worker takes jobs from every queue (one kind of worker to deploy and scale), in two lanes
+# of slots: turns and upkeep (SABRE_WORKER_CONCURRENCY), webhooks (SABRE_WEBHOOK_CONCURRENCY).
 QUEUES: Final[tuple[Queue, ...]] = ("turns", "webhooks", "maintenance")
+LANES: Final[tuple[tuple[Queue, ...], tuple[Queue, ...]]] = (("turns", "maintenance"), ("webhooks",))
+# The lowest priority a tenant's share gives (procrastinate stores an integer).
+LOWEST_PRIORITY: Final = -1_000_000
+# How many of a tenant's jobs wait or run on a queue (PostgreSQL; index ix_jobs_tenant_pending).
+_PENDING_OF_TENANT: Final = """
+SELECT count(*) AS pending FROM procrastinate_jobs
+WHERE queue_name = %(queue)s AND status IN ('todo', 'doing') AND args->>'tenant' = %(tenant)s
+"""
 RESOURCES_KEY: Final = "resources"
 STALLED_TASK: Final = "retry_stalled_jobs"
 CLEANUP_TASK: Final = "remove_old_jobs"
@@ -72,9 +87,9 @@ def build_job_app(settings: Settings, *, blueprints: Iterable[Blueprint] = ()) -
     else:
         connector = procrastinate.PsycopgConnector(
             conninfo=psycopg_conninfo(settings.effective_database_url),
-            # One connection stays on LISTEN, the others carry fetches, heartbeats and defers.
+            # One connection per lane stays on LISTEN, the others carry fetches, heartbeats and defers.
             min_size=1,
-            max_size=settings.worker_concurrency + 4,
+            max_size=settings.worker_concurrency + settings.webhook_concurrency + 4,
         )
     app = App(connector=connector)
     _add_stalled_jobs_task(app, settings=settings)
@@ -132,18 +147,41 @@ async def defer(
     task_name: str,
     *,
     queue: Queue,
+    tenant: str | None = None,
     lock: str | None = None,
     queueing_lock: str | None = None,
     **kwargs: Any,
 ) -> int:
     """Queue a job of task ``task_name`` with ``kwargs`` (JSON values) as its arguments; its id.
 
-    ``lock``: jobs with the same lock run one at a time, in order (e.g. a conversation id);
-    ``queueing_lock``: at most one such job waits in the queue (a second defer raises
-    ``procrastinate.exceptions.AlreadyEnqueued``).
+    ``tenant``: whose share of the workers the job takes (see the module docs); it is also passed
+    to the task as its ``tenant`` argument. ``lock``: jobs with the same lock run one at a time,
+    in order (e.g. a conversation id); ``queueing_lock``: at most one such job waits in the queue
+    (a second defer raises ``procrastinate.exceptions.AlreadyEnqueued``).
     """
-    deferrer = job_app.configure_task(task_name, queue=queue, lock=lock, queueing_lock=queueing_lock)
+    priority = 0
+    if tenant is not None:
+        priority = max(LOWEST_PRIORITY, -await pending_jobs(job_app, queue=queue, tenant=tenant))
+        kwargs["tenant"] = tenant
+    deferrer = job_app.configure_task(
+        task_name, queue=queue, lock=lock, queueing_lock=queueing_lock, priority=priority
+    )
     return await deferrer.defer_async(**kwargs)
+
+
+async def pending_jobs(job_app: App, *, queue: Queue, tenant: str) -> int:
+    """How many jobs of ``tenant`` wait (retries included) or run on ``queue``, on every worker."""
+    connector = job_app.connector
+    if isinstance(connector, InMemoryConnector):  # the embedded store: jobs live in this process
+        return sum(
+            1
+            for job in connector.jobs.values()
+            if job["queue_name"] == queue
+            and job["status"] in ("todo", "doing")
+            and job["args"].get("tenant") == tenant
+        )
+    row = await connector.execute_query_one_async(_PENDING_OF_TENANT, queue=queue, tenant=tenant)
+    return int(row["pending"])
 
 
 def job_resources(context: JobContext) -> Resources:
@@ -216,11 +254,13 @@ def _add_cleanup_task(app: App) -> None:
     app.periodic(cron="17 * * * *", periodic_id="cleanup")(task)
 
 
-def worker_options(settings: Settings, *, resources: Resources, concurrency: int, name: str) -> WorkerOptions:
-    """How a worker of this service runs: every queue, LISTEN/NOTIFY for fast pickup, a heartbeat
+def worker_options(
+    settings: Settings, *, resources: Resources, queues: tuple[Queue, ...], concurrency: int, name: str
+) -> WorkerOptions:
+    """How a worker lane of this service runs: its queues, LISTEN/NOTIFY for fast pickup, a heartbeat
     well inside the stall threshold, successful jobs deleted (failed ones kept to inspect)."""
     return {
-        "queues": list(QUEUES),
+        "queues": list(queues),
         "name": name,
         "concurrency": concurrency,
         "listen_notify": True,
@@ -241,9 +281,33 @@ def worker_options(settings: Settings, *, resources: Resources, concurrency: int
 async def run_worker(job_app: App, *, resources: Resources, concurrency: int, name: str) -> None:
     """Run a worker until it is cancelled, then stop it gracefully: no new job, running jobs get
     ``SABRE_WORKER_SHUTDOWN_SECONDS`` to end, the rest go back on their queue. Returns on its own
-    only when the worker stopped without being asked (its database connection failed)."""
-    options = worker_options(resources.settings, resources=resources, concurrency=concurrency, name=name)
-    await job_app.run_worker_async(**options)
+    only when the worker stopped without being asked (its database connection failed).
+
+    A worker is two engine workers on one app, one per lane of ``LANES``: turns and upkeep with
+    ``concurrency`` slots, webhooks with ``SABRE_WEBHOOK_CONCURRENCY``. One that stops stops the
+    other, so the process's supervisor sees one worker."""
+    settings = resources.settings
+    sizes = (concurrency, settings.webhook_concurrency)
+    lanes = [
+        asyncio.create_task(
+            job_app.run_worker_async(
+                **worker_options(
+                    settings, resources=resources, queues=queues, concurrency=size, name=f"{name}-{queues[0]}"
+                )
+            ),
+            name=f"sabre job worker ({', '.join(queues)})",
+        )
+        for queues, size in zip(LANES, sizes, strict=True)
+    ]
+    try:
+        done, _ = await asyncio.wait(lanes, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for lane in lanes:
+            lane.cancel()
+        # Each lane stops gracefully on its cancellation (its jobs get their grace period).
+        await asyncio.gather(*lanes, return_exceptions=True)
+    for lane in done:
+        lane.result()  # a lane's failure is the worker's
 
 
 @contextlib.asynccontextmanager
