@@ -61,12 +61,18 @@ Queue = Literal["turns", "webhooks", "maintenance"]
 # of slots: turns and upkeep (SABRE_WORKER_CONCURRENCY), webhooks (SABRE_WEBHOOK_CONCURRENCY).
 QUEUES: Final[tuple[Queue, ...]] = ("turns", "webhooks", "maintenance")
 LANES: Final[tuple[tuple[Queue, ...], tuple[Queue, ...]]] = (("turns", "maintenance"), ("webhooks",))
-# The lowest priority a tenant's share gives (procrastinate stores an integer).
+# The lowest priority a job gets (procrastinate stores an integer).
 LOWEST_PRIORITY: Final = -1_000_000
+# A tenant's jobs are counted up to this many: a tenant with a huge backlog costs each of its defers
+# a bounded index scan, and its jobs past this many wait behind everyone's, oldest first.
+COUNTED_AT_MOST: Final = 1000
 # How many of a tenant's jobs wait or run on a queue (PostgreSQL; index ix_jobs_tenant_pending).
 _PENDING_OF_TENANT: Final = """
-SELECT count(*) AS pending FROM procrastinate_jobs
-WHERE queue_name = %(queue)s AND status IN ('todo', 'doing') AND args->>'tenant' = %(tenant)s
+SELECT count(*) AS pending FROM (
+    SELECT 1 FROM procrastinate_jobs
+    WHERE queue_name = %(queue)s AND status IN ('todo', 'doing') AND args->>'tenant' = %(tenant)s
+    LIMIT %(at_most)s
+) AS pending_jobs
 """
 RESOURCES_KEY: Final = "resources"
 STALLED_TASK: Final = "retry_stalled_jobs"
@@ -161,7 +167,7 @@ async def defer(
     """
     priority = 0
     if tenant is not None:
-        priority = max(LOWEST_PRIORITY, -await pending_jobs(job_app, queue=queue, tenant=tenant))
+        priority = -await pending_jobs(job_app, queue=queue, tenant=tenant)
         kwargs["tenant"] = tenant
     deferrer = job_app.configure_task(
         task_name, queue=queue, lock=lock, queueing_lock=queueing_lock, priority=priority
@@ -170,17 +176,21 @@ async def defer(
 
 
 async def pending_jobs(job_app: App, *, queue: Queue, tenant: str) -> int:
-    """How many jobs of ``tenant`` wait (retries included) or run on ``queue``, on every worker."""
+    """How many jobs of ``tenant`` wait (retries included) or run on ``queue``, on every worker,
+    up to ``COUNTED_AT_MOST``."""
     connector = job_app.connector
     if isinstance(connector, InMemoryConnector):  # the embedded store: jobs live in this process
-        return sum(
+        pending = sum(
             1
             for job in connector.jobs.values()
             if job["queue_name"] == queue
             and job["status"] in ("todo", "doing")
             and job["args"].get("tenant") == tenant
         )
-    row = await connector.execute_query_one_async(_PENDING_OF_TENANT, queue=queue, tenant=tenant)
+        return min(pending, COUNTED_AT_MOST)
+    row = await connector.execute_query_one_async(
+        _PENDING_OF_TENANT, queue=queue, tenant=tenant, at_most=COUNTED_AT_MOST
+    )
     return int(row["pending"])
 
 

@@ -15,6 +15,7 @@ import pytest
 from procrastinate.jobs import Job
 
 from app.events.webhooks import SinkingRetry, WebhookDeliveryError, schedule_turn_webhook
+from app.kit import jobs
 from app.llm.scripted import ScriptedLLM
 from tests.conftest import AppFactory
 from tests.events.test_turn_events import wait_for_turn
@@ -77,6 +78,17 @@ async def _schedule(client: httpx.AsyncClient, *, tenant: str, url: str, turn_id
     )
 
 
+async def _priorities(client: httpx.AsyncClient, held: HeldReceiver) -> dict[str, int]:
+    """The priority of each of this test's webhook jobs, by path (the store keeps earlier tests'
+    failed jobs)."""
+    listed = await resources_of(client).jobs.job_manager.list_jobs_async(queue="webhooks")
+    return {
+        job.task_kwargs["url"].removeprefix(held.url): job.priority
+        for job in listed
+        if job.task_kwargs["url"].startswith(held.url)
+    }
+
+
 async def test_a_receiver_that_never_answers_holds_no_turns_slot(
     make_client: AppFactory, llm: ScriptedLLM, held: HeldReceiver
 ) -> None:
@@ -106,13 +118,8 @@ async def test_a_tenants_first_webhook_goes_before_another_tenants_backlog(
         for index in (1, 2, 3):
             await _schedule(client, tenant="acme", url=f"{held.url}/acme/{index}", turn_id=f"turn_a{index}")
         await _schedule(client, tenant="globex", url=f"{held.url}/globex", turn_id="turn_g")
-        jobs = await resources_of(client).jobs.job_manager.list_jobs_async(queue="webhooks")
-        priorities = {  # this test's (the store keeps earlier tests' failed jobs)
-            job.task_kwargs["url"].removeprefix(held.url): job.priority
-            for job in jobs
-            if job.task_kwargs["url"].startswith(held.url)
-        }
-        assert priorities == {"/held/acme": 0, "/acme/1": -1, "/acme/2": -2, "/acme/3": -3, "/globex": 0}
+        expected = {"/held/acme": 0, "/acme/1": -1, "/acme/2": -2, "/acme/3": -3, "/globex": 0}
+        assert await _priorities(client, held) == expected
         held.release.set()
         await eventually(lambda: len(held.paths) == 5, within=15, what="every delivery arrived")
     assert held.paths == ["/held/acme", "/globex", "/acme/1", "/acme/2", "/acme/3"]
@@ -141,3 +148,20 @@ def test_each_retry_goes_one_step_lower_until_the_attempts_run_out() -> None:
     other = ValueError("not retried")
     assert strategy.get_retry_decision(exception=other, job=_job(priority=0, attempts=0)) is None
     assert strategy.get_retry_decision(exception=failed, job=_job(priority=0, attempts=3)) is None
+
+
+async def test_a_tenants_backlog_is_counted_up_to_a_bound(
+    make_client: AppFactory, held: HeldReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Counting stops at COUNTED_AT_MOST (2 here), so a tenant's huge backlog costs each defer a
+    bounded scan; its jobs past the bound share the lowest rank, oldest first."""
+    monkeypatch.setattr(jobs, "COUNTED_AT_MOST", 2)
+    async with make_client(webhook_allow="127.0.0.1", webhook_concurrency=1) as client:
+        await _schedule(client, tenant="acme", url=f"{held.url}/held/0", turn_id="turn_a0")
+        await eventually(lambda: held.paths == ["/held/0"], within=10, what="acme's first delivery")
+        for index in (1, 2, 3):
+            await _schedule(client, tenant="acme", url=f"{held.url}/acme/{index}", turn_id=f"turn_a{index}")
+        assert await _priorities(client, held) == {"/held/0": 0, "/acme/1": -1, "/acme/2": -2, "/acme/3": -2}
+        held.release.set()
+        await eventually(lambda: len(held.paths) == 4, within=15, what="every delivery arrived")
+    assert held.paths == ["/held/0", "/acme/1", "/acme/2", "/acme/3"]
