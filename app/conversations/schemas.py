@@ -174,6 +174,8 @@ ToolIn = Annotated[
 # A seeded history: at most this many messages (each also bounded, and the body as a whole).
 MAX_HISTORY_MESSAGES = 1_000
 MAX_TOOLS = 128
+# A model name a request may name (a conversation's override, Chat Completions' backing model).
+MAX_MODEL_CHARS = 200
 """External tools one request may declare, and a conversation hold (its messages may add some)."""
 TOOL_NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
 
@@ -281,7 +283,7 @@ class CreateConversation(TurnRequest):
         max_length=20_000,
         description="Extra system instructions for this conversation.",
     )
-    model: str | None = Field(default=None, max_length=200, description="Override the model.")
+    model: str | None = Field(default=None, max_length=MAX_MODEL_CHARS, description="Override the model.")
     metadata: dict[str, MetadataValue] = Field(
         default_factory=dict,
         max_length=64,

@@ -192,6 +192,9 @@ async def _chunks(
             yield ServerSentEvent(data=chunk.model_dump_json(exclude_none=True))
         yield ServerSentEvent(data="[DONE]")
         return
+    # The turn's events ended before its end: its conversation was deleted (a replay after the
+    # delete, or a delete while it ran). Said, so a client does not take silence for an answer.
+    yield _error("turn_gone", "The turn's conversation was deleted before its answer was sent; ask again.")
 
 
 def _error(code: str, message: str) -> ServerSentEvent:

@@ -205,12 +205,15 @@ class ChatService:
     personas: dict[str, Persona]
 
     def persona_of(self, model: str) -> tuple[Persona, str | None]:
-        """``sabre/<persona>[:<backing model>]`` as the persona and the backing model; 404 otherwise."""
+        """``sabre/<persona>[:<backing model>]`` as the persona and the backing model; 404 for an
+        unknown persona, 422 for a backing model name longer than a conversation may name."""
         name, _, backing = model.removeprefix(MODEL_PREFIX).partition(":")
         persona = self.personas.get(name) if model.startswith(MODEL_PREFIX) else None
         if persona is None:
             known = ", ".join(MODEL_PREFIX + n for n in sorted(self.personas))
             raise UnknownModel(f"model: no model {model!r}; the models are {known} (GET /v1/models).")
+        if len(backing) > conv.MAX_MODEL_CHARS:
+            raise InvalidChat(f"model: a backing model's name is at most {conv.MAX_MODEL_CHARS} characters.")
         return persona, backing or None
 
     async def plan(self, *, tenant: str, body: schemas.ChatCompletionRequest) -> Plan:

@@ -379,6 +379,12 @@ async def test_tenants_keys_and_bad_requests(server: Server, plans: Plans) -> No
             response = await http.post("/v1/chat/completions", json=body)
             assert response.status_code == 422, (body, response.text)
             assert response.headers["content-type"].startswith("application/problem+json")
+        # A backing model's name longer than a conversation's model may be: the request's fault
+        # (before: 422 invalid_history, as if the client's history were wrong).
+        long_model = {"model": "sabre/default:" + "m" * 201, "messages": [user]}
+        response = await http.post("/v1/chat/completions", json=long_model)
+        assert response.status_code == 422, response.text
+        assert response.json()["code"] == "invalid_chat_request", response.json()
         # A body over SABRE_MAX_BODY_BYTES is refused before it is parsed: 413, as documented.
         huge = {"model": "sabre/default", "messages": [{**user, "content": "x" * 2_000_001}]}
         response = await http.post("/v1/chat/completions", json=huge)
