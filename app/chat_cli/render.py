@@ -7,12 +7,14 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final, Literal
 
 from rich.console import Console
+from rich.markup import escape
 from rich.panel import Panel
 from rich.syntax import Syntax
 from rich.text import Text
@@ -21,6 +23,27 @@ from sabre_api.models.event_out import EventOut
 OPEN: Final = "<helpers>"
 CLOSE: Final = "</helpers>"
 ImageProtocol = Literal["kitty", "iterm", "none"]
+UNSAFE: Final = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+"""Characters a terminal obeys instead of showing: C0 and C1 controls but newline and tab (ESC starts
+CSI/OSC sequences: clipboard writes, spoofed links, titles, cursor moves), and bidi overrides."""
+FILE_ID: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
+"""What a figure's file id may be before it names a file under the figures directory."""
+
+
+def printable(text: object) -> str:
+    """``text`` with its terminal controls shown as ``\\x1b``/``\\u202e`` (carriage returns dropped):
+    the model and the server write what is shown, never a command to the terminal."""
+    return UNSAFE.sub(_visible, str(text).replace("\r\n", "\n").replace("\r", ""))
+
+
+def plain(text: object) -> str:
+    """``printable(text)`` for a rich markup string: its brackets are text, not markup."""
+    return escape(printable(text))
+
+
+def _visible(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def image_protocol() -> ImageProtocol:
@@ -81,7 +104,7 @@ class TurnView:
 
     def _write(self, text: str) -> None:
         if text:
-            self.console.print(Text(text), end="", soft_wrap=True)
+            self.console.print(Text(printable(text)), end="", soft_wrap=True)
             self.at_line_start = text.endswith("\n")
             self.console.file.flush()
 
@@ -101,19 +124,18 @@ class TurnView:
         elif kind == "block.started":
             self._write(self.prose.flush())
             self._newline()
-            code = str(data.get("code", "")).strip("\n")
+            code = printable(data.get("code", "")).strip("\n")
             title = "helpers (resumed)" if data.get("resumed") else "helpers"
             self.console.print(Panel(Syntax(code, "python", theme="ansi_dark", word_wrap=True), title=title))
         elif kind == "helper.started":
-            self.console.print(Text(f"  → {data.get('name')}()", style="dim"))
+            self.console.print(Text(f"  → {printable(data.get('name'))}()", style="dim"))
         elif kind == "block.completed":
             self._block_result(data)
         elif kind == "turn.failed":
             self._newline()
             error = data.get("error") or {}
-            self.console.print(
-                f"[red]The turn failed[/red] ({error.get('code', '?')}): {error.get('message', '')}"
-            )
+            code, message = plain(error.get("code", "?")), plain(error.get("message", ""))
+            self.console.print(f"[red]The turn failed[/red] ({code}): {message}")
         elif kind == "turn.cancelled":
             self._newline()
             self.console.print("[yellow]The turn was cancelled.[/yellow]")
@@ -123,26 +145,30 @@ class TurnView:
 
     def _block_result(self, data: dict[str, Any]) -> None:
         status = str(data.get("status", "ok"))
-        text = str(data.get("text", "")).strip("\n")
+        text = printable(data.get("text", "")).strip("\n")
         style = {"ok": "green", "suspended": "yellow"}.get(status, "red")
         if status != "suspended":
             self.console.print(
-                Panel(Text(text or "(no output)"), title=f"result: {status}", border_style=style)
+                Panel(Text(text or "(no output)"), title=f"result: {plain(status)}", border_style=style)
             )
         for file_id in data.get("files") or []:
             self.figure(str(file_id))
 
     def figure(self, file_id: str) -> None:
-        """Save a figure the block drew, say where, and draw it inline when the terminal can."""
+        """Save a figure the block drew, say where, and draw it inline when the terminal can. The id
+        names the file, so one that is not an id (``../../x``, ``/etc/x``) is refused."""
+        if not FILE_ID.fullmatch(file_id):
+            self.console.print(f"[yellow]figure {plain(file_id)}: not an id, not saved[/yellow]")
+            return
         try:
             png: bytes = self.fetch_file(file_id)
         except Exception as exc:  # a figure that cannot be fetched must not end the chat
-            self.console.print(f"[yellow]figure {file_id}: not fetched ({exc})[/yellow]")
+            self.console.print(f"[yellow]figure {file_id}: not fetched ({plain(exc)})[/yellow]")
             return
         self.figures.mkdir(parents=True, exist_ok=True)
         path = self.figures / f"{file_id}.png"
         path.write_bytes(png)
-        self.console.print(f"[cyan]figure saved: {path}[/cyan]")
+        self.console.print(f"[cyan]figure saved: {plain(path)}[/cyan]")
         protocol = image_protocol()
         if protocol != "none" and self.console.is_terminal:
             sys.stdout.write(inline_image(png, protocol=protocol) + "\n")
@@ -166,6 +192,7 @@ def inline_image(png: bytes, *, protocol: ImageProtocol) -> str:
 def show_pending(console: Console, calls: list[dict[str, Any]]) -> None:
     """The external calls the turn waits for, with their arguments."""
     for call in calls:
-        arguments = json.dumps(call.get("arguments", {}), indent=2, ensure_ascii=False)
+        arguments = printable(json.dumps(call.get("arguments", {}), indent=2, ensure_ascii=False))
         body = Syntax(arguments, "json", theme="ansi_dark", word_wrap=True)
-        console.print(Panel(body, title=f"external call: {call.get('name')}  [dim]({call.get('id')})[/dim]"))
+        title = f"external call: {plain(call.get('name'))}  [dim]({plain(call.get('id'))})[/dim]"
+        console.print(Panel(body, title=title))

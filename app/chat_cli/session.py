@@ -35,7 +35,7 @@ from sabre_client import (
     UnprocessableError,
 )
 
-from app.chat_cli.render import TurnView, show_pending
+from app.chat_cli.render import TurnView, plain, printable, show_pending
 
 COMMANDS: dict[str, str] = {
     "/persona NAME": "talk to another persona (a new conversation); /persona alone lists them",
@@ -128,14 +128,14 @@ class Chat:
             if not name:
                 table = Table("persona", "description", box=None)
                 for persona in personas.values():
-                    table.add_row(
-                        persona.name, persona.description.splitlines()[0] if persona.description else ""
-                    )
+                    description = persona.description.splitlines()[0] if persona.description else ""
+                    table.add_row(Text(printable(persona.name)), Text(printable(description)))
                 self.console.print(table)
                 return
             if name not in personas:
                 self.console.print(
-                    f"[yellow]No persona {name!r}.[/yellow] Available: {', '.join(sorted(personas))}."
+                    f"[yellow]No persona {plain(repr(name))}.[/yellow] "
+                    f"Available: {plain(', '.join(sorted(personas)))}."
                 )
                 return
             self.persona, self.conversation_id, self.version = name, None, None
@@ -156,17 +156,19 @@ class Chat:
         if kind == "text":
             style = "bold cyan" if role == "user" else ""
             prefix = "you: " if role == "user" else ""
-            self.console.print(Text(prefix + part.text, style=style))
+            self.console.print(Text(printable(prefix + part.text), style=style))
         elif kind == "helpers":
-            self.console.print(Panel(Syntax(part.code, "python", theme="ansi_dark"), title="helpers"))
+            code = Syntax(printable(part.code), "python", theme="ansi_dark")
+            self.console.print(Panel(code, title="helpers"))
         elif kind == "helpers_result":
-            self.console.print(Panel(Text(part.text or "(no output)"), title=f"result: {part.status}"))
+            text = Text(printable(part.text or "(no output)"))
+            self.console.print(Panel(text, title=f"result: {plain(part.status)}"))
         elif kind == "tool_call":
             arguments = json.dumps(part.arguments.to_dict(), ensure_ascii=False)
-            self.console.print(Text(f"external call {part.name}({arguments})", style="yellow"))
+            self.console.print(Text(printable(f"external call {part.name}({arguments})"), style="yellow"))
         elif kind == "tool_result":
             shown = f"error: {part.error}" if part.error else json.dumps(part.output, ensure_ascii=False)
-            self.console.print(Text(f"  ← {shown}", style="yellow"))
+            self.console.print(Text(printable(f"  ← {shown}"), style="yellow"))
 
     def answer_pending(self) -> None:
         """Ask again for the results of the calls the conversation waits for."""
@@ -202,7 +204,7 @@ class Chat:
             for event in stream:
                 if self.conversation_id is None and stream.state.conversation_id is not None:
                     self.conversation_id = stream.state.conversation_id
-                    self.console.print(Text(f"conversation {self.conversation_id}", style="dim"))
+                    self.console.print(Text(f"conversation {printable(self.conversation_id)}", style="dim"))
                 view.show(event)
         except KeyboardInterrupt:
             self.cancel(stream)
@@ -232,7 +234,7 @@ class Chat:
         answers: list[Any] = []
         for call in calls:
             try:
-                raw = self._prompt(f"{call.get('name')} result> ").strip()
+                raw = self._prompt(f"{printable(call.get('name'))} result> ").strip()
             except (KeyboardInterrupt, EOFError):
                 return None
             if raw.startswith("!"):
@@ -261,7 +263,7 @@ class Chat:
         try:
             yield
         except SabreError as exc:
-            self.console.print(f"[red]{self.explain(exc)}[/red]")
+            self.console.print(Text(printable(self.explain(exc)), style="red"))
 
     def explain(self, exc: SabreError) -> str:
         """One or two sentences: what happened, what to do."""
@@ -307,7 +309,7 @@ class Chat:
 
 
 def _plain_prompt(message: str) -> str:
-    sys.stdout.write(message)
+    sys.stdout.write(printable(message))
     sys.stdout.flush()
     line = sys.stdin.readline()
     if not line:
