@@ -28,6 +28,10 @@ _VALID_ID = re.compile(rb"[A-Za-z0-9._:/+=@-]{1,128}")
 _UNMATCHED: Final = "<unmatched>"
 # Probes and scrapes that succeed are logged at debug level only: they would drown the rest.
 _QUIET: Final = frozenset({"/healthz", "/readyz", "/metrics"})
+# Methods named in metrics and span names; any other token a client sends (h11 takes any) is one
+# label, "_OTHER" (OpenTelemetry's convention), not a new series per made-up method.
+_KNOWN_METHODS: Final = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+_OTHER_METHOD: Final = "_OTHER"
 
 
 def accepted_request_id(raw: bytes | None) -> str | None:
@@ -35,6 +39,11 @@ def accepted_request_id(raw: bytes | None) -> str | None:
     if raw is None or _VALID_ID.fullmatch(raw) is None:
         return None
     return raw.decode("ascii")
+
+
+def method_label(method: str) -> str:
+    """``method`` if it is a standard one, else ``_OTHER``: a bounded metric label and span name."""
+    return method if method in _KNOWN_METHODS else _OTHER_METHOD
 
 
 def new_request_id() -> str:
@@ -69,6 +78,7 @@ class RequestContextMiddleware:
         state: dict[str, Any] = scope.setdefault("state", {})
         state["request_id"] = request_id
         method: str = scope["method"]
+        method_name = method_label(method)
         status = 500  # what the log says if the app fails before answering
 
         async def send_with_id(message: Message) -> None:
@@ -87,17 +97,17 @@ class RequestContextMiddleware:
             if raw is not None and request_id.encode() != raw:
                 log.info("request_id_replaced", reason="not a 1-128 character token", length=len(raw))
             with tracing.server_span(
-                f"{method} request", headers=_header_map(scope) if tracing.enabled() else {}
+                f"{method_name} request", headers=_header_map(scope) if tracing.enabled() else {}
             ) as span:
                 try:
                     await self.app(scope, receive, send_with_id)
                 finally:
                     seconds = time.perf_counter() - started
                     route = route_template(scope)
-                    HTTP_REQUESTS.labels(method=method, route=route, status=str(status)).inc()
-                    HTTP_SECONDS.labels(method=method, route=route).observe(seconds)
+                    HTTP_REQUESTS.labels(method=method_name, route=route, status=str(status)).inc()
+                    HTTP_SECONDS.labels(method=method_name, route=route).observe(seconds)
                     if tracing.enabled():
-                        span.update_name(f"{method} {route}")
+                        span.update_name(f"{method_name} {route}")
                         span.set_attribute("http.route", route)
                         span.set_attribute("http.response.status_code", status)
                     quiet = route in _QUIET and status < 400
