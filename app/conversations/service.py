@@ -1182,6 +1182,7 @@ class ConversationService:
         turn = TurnInput(
             conversation_id=conversation.id,
             turn_id=turn_id,
+            tenant=conversation.tenant,
             system_prompt=build_prompt(persona, instructions=conversation.instructions, tools=request_tools),
             model=conversation.model or self.settings.model,
             history=history,

@@ -70,6 +70,7 @@ class TurnInput:
 
     conversation_id: str
     turn_id: str
+    tenant: str  # whose share of the sandbox workers its blocks take
     system_prompt: str
     model: str
     history: Sequence[StoredMessage]
@@ -238,6 +239,7 @@ class TurnLoop:
                             snapshot=snapshot,
                             workdir=turn.workdir,
                             limits=turn.limits,
+                            tenant=turn.tenant,
                             **_block_names(turn.tools),
                             journal=block.journal,
                             on_call=functools.partial(
@@ -327,6 +329,7 @@ class TurnLoop:
         child = TurnInput(
             conversation_id=parent.conversation_id,
             turn_id=f"{parent.turn_id}/sub",
+            tenant=parent.tenant,
             system_prompt=parent.system_prompt,
             model=parent.model,
             history=(),
@@ -375,7 +378,9 @@ class TurnLoop:
             return
         names = _block_names(turn.tools)
         try:
-            self._pool.prepare(snapshot=snapshot, workdir=turn.workdir, limits=turn.limits, **names)
+            self._pool.prepare(
+                snapshot=snapshot, workdir=turn.workdir, limits=turn.limits, tenant=turn.tenant, **names
+            )
         except (OSError, ValueError) as exc:  # the block will say what is wrong, if anything is
             log.warning("block_prepare_failed", turn_id=turn.turn_id, error=str(exc))
 

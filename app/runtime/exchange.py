@@ -79,6 +79,7 @@ class BlockRequest:
     external_tools: Mapping[str, Sequence[str]]
     journal: Sequence[JournalEntry]
     sandbox_tools: Sequence[SandboxTool]
+    tenant: str = ""  # whose share of the workers it takes (``WorkerSupervisor``); not sent
 
     @functools.cached_property
     def runners(self) -> dict[str, CallRunner]:

@@ -278,6 +278,7 @@ class RuntimePool:
         journal: Sequence[JournalEntry],
         on_call: OnCall,
         sandbox_tools: Sequence[SandboxTool] = (),
+        tenant: str = "",
     ) -> BlockOutcome:
         """Run one block in a fresh sandbox child and return how it ended.
 
@@ -285,7 +286,8 @@ class RuntimePool:
         before any call reaches ``on_call``. ``limits.wall_clock_seconds`` counts the child's
         own time: it stops while ``on_call`` runs. An exception from ``on_call`` (or
         cancellation) kills the block and propagates. ``sandbox_tools`` run in the child itself
-        and are journaled there (never reaching ``on_call``).
+        and are journaled there (never reaching ``on_call``). ``tenant``: whose share of the
+        workers a fresh child takes when blocks wait for one (``WorkerSupervisor``).
         """
         if self.workers.closed:
             raise RuntimeError("the runtime pool is closed")
@@ -307,6 +309,7 @@ class RuntimePool:
             external_tools=external_tools,
             journal=journal,
             sandbox_tools=sandbox_tools,
+            tenant=tenant,
         )
         started = time.perf_counter()
         tier: Tier  # the kind of worker that runs it, as each path below finds
@@ -352,7 +355,7 @@ class RuntimePool:
         if exchange is None:
             tier = self._tier(code, snapshot=state, sandbox_tools=sandbox_tools)
             workers = self.supervisor(tier)
-            worker, blocks = await workers.acquire(limits), 1
+            worker, blocks = await workers.acquire(limits, tenant=tenant), 1
             started = time.perf_counter()
             exchange = self._exchange(worker, block=block, on_call=on_call)
             keep = self._keeps(blocks)
@@ -432,6 +435,7 @@ class RuntimePool:
         internal_helpers: Sequence[str],
         external_tools: Mapping[str, Sequence[str]],
         sandbox_tools: Sequence[SandboxTool] = (),
+        tenant: str = "",
     ) -> bool:
         """Ready a process for ``workdir``'s next block while its code is still being written
         (the model's answer has opened a block): in the background, a fresh child enters the
@@ -463,6 +467,7 @@ class RuntimePool:
             external_tools=external_tools,
             journal=(),
             sandbox_tools=sandbox_tools,
+            tenant=tenant,
         )
         task = self.workers.background(self._prepare(block, state=snapshot or b""))
         self._preparing[workdir] = task
@@ -478,7 +483,7 @@ class RuntimePool:
         tier = self._tier("", snapshot=state, sandbox_tools=block.sandbox_tools)
         workers = self.supervisor(tier)
         try:
-            worker = await workers.acquire(block.limits)
+            worker = await workers.acquire(block.limits, tenant=block.tenant)
         except RuntimeError as exc:  # closed meanwhile, or no worker can start: the block will say
             log.warning("sandbox_prepare_failed", reason=str(exc))
             return

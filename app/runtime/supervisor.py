@@ -6,18 +6,24 @@ The request path never spawns or forks: each idle worker has a child already wai
 block. After a block the worker forks the next child in the background. A worker whose child
 ended abnormally (killed, sent garbage, timed out) is retired (killed) and replaced in the
 background, so the framing can never get out of step. Each worker may have a cgroup of its own
-that bounds its block's whole process tree (``isolation.cgroups``)."""
+that bounds its block's whole process tree (``isolation.cgroups``).
+
+Blocks waiting for a worker are served fairly between tenants, in turn: a free worker goes to the
+waiting block whose tenant runs the fewest blocks now, then whose tenant was served longest ago,
+then the oldest. A tenant with fifty blocks waiting then delays its own, not another tenant's."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import socket
 import sys
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -41,6 +47,15 @@ _START_TIMEOUT_SECONDS: Final = 120.0  # a cold first import of numpy+pandas+mat
 _CLOSE_TIMEOUT_SECONDS: Final = 10.0
 _STOP_TIMEOUT_SECONDS: Final = 5.0  # a retired worker is gone by then, or its zygote is killed
 _MAX_RESPAWN_DELAY: Final = 30.0
+_SERVED_REMEMBERED: Final = 1024  # tenants whose last service the line remembers (then pruned)
+
+
+@dataclass(eq=False, slots=True)
+class _Waiter:
+    """A block waiting for a worker: whose it is, and its place in the line."""
+
+    tenant: str
+    ticket: int
 
 
 class WorkerSupervisor:
@@ -80,6 +95,11 @@ class WorkerSupervisor:
         self.zygotes: list[Zygote] = []
         self._zygote_lock = asyncio.Lock()
         self._idle: deque[WorkerProcess] = deque()
+        # Blocks waiting for a worker, in the order they came (``_first_in_line`` picks among them),
+        # and when each tenant's block last got a worker (a ticket number).
+        self._waiters: list[_Waiter] = []
+        self._tickets = itertools.count()
+        self._served: dict[str, int] = {}
         self._changed: asyncio.Future[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.closed = False
@@ -102,6 +122,11 @@ class WorkerSupervisor:
     def idle_workers(self) -> int:
         """Workers whose child is forked and waiting for a block (for readiness and metrics)."""
         return sum(1 for worker in self.workers if worker.state is WorkerState.IDLE)
+
+    @property
+    def waiting(self) -> int:
+        """Blocks waiting in line for a worker."""
+        return len(self._waiters)
 
     @property
     def can_take_block(self) -> bool:
@@ -495,14 +520,15 @@ class WorkerSupervisor:
 
     # Handing workers out ---------------------------------------------------------------------
 
-    async def acquire(self, limits: Limits) -> WorkerProcess:
-        """An idle worker, now running, whose cgroup bounds a block's whole process tree by
-        ``limits`` (memory, swap, tasks) and counts OOM kills from here; a worker whose cgroup
-        the kernel will not set so (v1: more memory in use than the new limit) is retired."""
+    async def acquire(self, limits: Limits, *, tenant: str = "") -> WorkerProcess:
+        """An idle worker, now running ``tenant``'s block, whose cgroup bounds the block's whole
+        process tree by ``limits`` (memory, swap, tasks) and counts OOM kills from here; a worker
+        whose cgroup the kernel will not set so (v1: more memory in use than the new limit) is
+        retired. Waits in line when none is idle (see the module docs)."""
         if not self._started:
             await self._start_workers()
         while True:
-            worker = await self._take_idle()
+            worker = await self._take_idle(tenant)
             cgroup = worker.cgroup
             if cgroup is None:
                 return worker
@@ -517,33 +543,62 @@ class WorkerSupervisor:
                 continue
             return worker
 
-    async def _take_idle(self) -> WorkerProcess:
-        """An idle worker, waiting for one if all are busy; dead ones are skipped.
+    async def _take_idle(self, tenant: str) -> WorkerProcess:
+        """An idle worker for ``tenant``'s block, waiting in line if all are busy or another
+        waiting block comes first; dead ones are skipped.
 
         Fails rather than wait forever when the pool is closed, or has no worker left and
         cannot start one.
         """
-        while True:
-            while self._idle:
-                worker = self._idle.popleft()
-                if worker.state is not WorkerState.IDLE:
-                    continue
-                if not worker.alive:
-                    self.retire(worker)  # died while idle: replaced, not handed a block
-                    continue
-                self.set_state(worker, WorkerState.RUNNING)
-                return worker
-            if self.closed:
-                raise RuntimeError("the runtime pool is closed")
-            if not self.workers and self._spawn_error is not None:
-                raise RuntimeError(f"no sandbox worker can start: {self._spawn_error}")
-            if not self._growing and not any(
-                w.state in (WorkerState.REARMING, WorkerState.STARTING) for w in self.workers
-            ):
-                # Every other worker is running a block (none is about to be free or added): a
-                # bound process gives its worker back (its conversation replays).
-                self._evict()
-            await self._changes()
+        waiter = _Waiter(tenant, next(self._tickets))
+        self._waiters.append(waiter)
+        try:
+            while True:
+                while self._idle and self._first_in_line() is waiter:
+                    worker = self._idle.popleft()
+                    if worker.state is not WorkerState.IDLE:
+                        continue
+                    if not worker.alive:
+                        self.retire(worker)  # died while idle: replaced, not handed a block
+                        continue
+                    worker.tenant = tenant
+                    self._note_served(tenant)
+                    self.set_state(worker, WorkerState.RUNNING)  # wakes the next in line
+                    return worker
+                if self.closed:
+                    raise RuntimeError("the runtime pool is closed")
+                if not self.workers and self._spawn_error is not None:
+                    raise RuntimeError(f"no sandbox worker can start: {self._spawn_error}")
+                if not self._idle and not self._growing and not any(
+                    w.state in (WorkerState.REARMING, WorkerState.STARTING) for w in self.workers
+                ):
+                    # Every other worker is running a block (none is about to be free or added): a
+                    # bound process gives its worker back (its conversation replays).
+                    self._evict()
+                await self._changes()
+        finally:
+            self._waiters.remove(waiter)
+            if self._idle and self._waiters:
+                self._wake()  # this one left the line (served, or its request went away)
+
+    def _first_in_line(self) -> _Waiter:
+        """The waiting block whose tenant runs the fewest blocks now, then whose tenant was
+        served longest ago (never: first), then the oldest."""
+        if len(self._waiters) == 1:
+            return self._waiters[0]
+        running = Counter(w.tenant for w in self.workers if w.state is WorkerState.RUNNING)
+        return min(
+            self._waiters,
+            key=lambda waiter: (running[waiter.tenant], self._served.get(waiter.tenant, -1), waiter.ticket),
+        )
+
+    def _note_served(self, tenant: str) -> None:
+        """Remember that ``tenant``'s block got a worker now; forget tenants with no block
+        waiting once many are remembered (one served again then counts as not served lately)."""
+        if len(self._served) >= _SERVED_REMEMBERED:
+            waiting = {waiter.tenant for waiter in self._waiters}
+            self._served = {name: at for name, at in self._served.items() if name in waiting}
+        self._served[tenant] = next(self._tickets)
 
     @staticmethod
     def count_ooms(worker: WorkerProcess) -> None:

@@ -89,6 +89,7 @@ class WorkerProcess:
         self.last_header_bytes = 0  # of the last frame read (the journal's size is capped)
         self.idle_since = 0.0  # when it last became idle (the pool lets surplus idle ones go)
         self.cgroup: WorkerCgroup | None = None  # its own, when the host allows (``isolation.cgroups``)
+        self.tenant = ""  # whose block it runs or last ran (the supervisor shares workers by tenant)
         self._reader = reader
         self._writer = writer
 

@@ -46,6 +46,7 @@ def _turn(tmp_path: Path, cancel: asyncio.Event) -> TurnInput:
     return TurnInput(
         conversation_id="conv_test",
         turn_id="turn_test",
+        tenant="local",
         system_prompt="",
         model="m",
         history=(),

@@ -52,6 +52,7 @@ async def run(
     journal: Sequence[JournalEntry] = (),
     on_call: Recorder | None = None,
     sandbox_tools: Sequence[SandboxTool] = (),
+    tenant: str = "",
 ) -> BlockOutcome:
     """``pool.run_block`` with test defaults."""
     return await pool.run_block(
@@ -64,6 +65,7 @@ async def run(
         journal=journal,
         on_call=on_call or Recorder(),
         sandbox_tools=sandbox_tools,
+        tenant=tenant,
     )
 
 
