@@ -569,8 +569,10 @@ class WorkerSupervisor:
                     raise RuntimeError("the runtime pool is closed")
                 if not self.workers and self._spawn_error is not None:
                     raise RuntimeError(f"no sandbox worker can start: {self._spawn_error}")
-                if not self._idle and not self._growing and not any(
-                    w.state in (WorkerState.REARMING, WorkerState.STARTING) for w in self.workers
+                if (
+                    not self._idle
+                    and not self._growing
+                    and not any(w.state in (WorkerState.REARMING, WorkerState.STARTING) for w in self.workers)
                 ):
                     # Every other worker is running a block (none is about to be free or added): a
                     # bound process gives its worker back (its conversation replays).
