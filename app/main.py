@@ -225,10 +225,12 @@ def check_metrics_access(request: Request) -> None:
     hint = "Serve them with SABRE_METRICS_PORT, or set SABRE_METRICS_KEY and send it as a Bearer token."
     if settings.metrics_port is not None:
         raise NotFound(f"Metrics are served on port {settings.metrics_port}, not here.")
-    if settings.metrics_key is not None:
-        sent = request.headers.get("authorization", "")
-        expected = "Bearer " + settings.metrics_key.get_secret_value()
-        if not hmac.compare_digest(sent.encode(), expected.encode()):
+    # An empty key is no key (compose passes an unset variable as ''): else `Bearer ` matched it.
+    key = settings.metrics_key.get_secret_value().strip() if settings.metrics_key is not None else ""
+    if key:
+        scheme, _, sent = request.headers.get("authorization", "").partition(" ")
+        matches = hmac.compare_digest(sent.strip().encode(), key.encode())
+        if scheme.lower() != "bearer" or not matches:
             raise Unauthorized("Send the metrics key: `Authorization: Bearer <SABRE_METRICS_KEY>`.")
         return
     if not request.app.state.authenticator.open_mode:
