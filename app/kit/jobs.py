@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import weakref
 from collections.abc import AsyncIterator, Iterable
 from typing import TYPE_CHECKING, Any, Final, Literal, cast
 
@@ -74,6 +75,15 @@ SELECT count(*) AS pending FROM (
     LIMIT %(at_most)s
 ) AS pending_jobs
 """
+# Taken (for its transaction) around a tenant's count and insert on a queue, so that concurrent
+# defers of one tenant, in any process, count each other. Two int4 keys: apart from the bigint
+# lock of app.kit.migrate.
+_SHARE_LOCK: Final = """
+SELECT pg_advisory_xact_lock(hashtext('sabre jobs share ' || %(queue)s), hashtext(%(tenant)s))
+"""
+# The same within this process, before a pool connection is taken: a burst waits here, not
+# holding connections the workers need.
+_share_locks: weakref.WeakValueDictionary[tuple[str, str], asyncio.Lock] = weakref.WeakValueDictionary()
 RESOURCES_KEY: Final = "resources"
 STALLED_TASK: Final = "retry_stalled_jobs"
 CLEANUP_TASK: Final = "remove_old_jobs"
@@ -165,19 +175,48 @@ async def defer(
     in order (e.g. a conversation id); ``queueing_lock``: at most one such job waits in the queue
     (a second defer raises ``procrastinate.exceptions.AlreadyEnqueued``).
     """
-    priority = 0
     if tenant is not None:
-        priority = -await pending_jobs(job_app, queue=queue, tenant=tenant)
         kwargs["tenant"] = tenant
-    deferrer = job_app.configure_task(
-        task_name, queue=queue, lock=lock, queueing_lock=queueing_lock, priority=priority
-    )
-    return await deferrer.defer_async(**kwargs)
+    async with _ranked(job_app, queue=queue, tenant=tenant) as (priority, connection):
+        deferrer = job_app.configure_task(
+            task_name,
+            queue=queue,
+            lock=lock,
+            queueing_lock=queueing_lock,
+            priority=priority,
+            connection=connection,
+        )
+        return await deferrer.defer_async(**kwargs)
 
 
-async def pending_jobs(job_app: App, *, queue: Queue, tenant: str) -> int:
+@contextlib.asynccontextmanager
+async def _ranked(job_app: App, *, queue: Queue, tenant: str | None) -> AsyncIterator[tuple[int, Any]]:
+    """The priority of a job of ``tenant`` on ``queue`` (0 for none), and the connection to insert
+    it on (PostgreSQL; else None), held until it is inserted: a tenant's jobs are counted and
+    inserted one at a time, in this process and across processes. Counted concurrently, a burst of
+    defers would all see the same count and take the same rank, ahead of other tenants' jobs."""
+    if tenant is None:
+        yield 0, None
+        return
+    key = (queue, tenant)
+    share = _share_locks.get(key)
+    if share is None:
+        share = _share_locks[key] = asyncio.Lock()
+    async with share:
+        connector = job_app.connector
+        if not isinstance(connector, procrastinate.PsycopgConnector):
+            yield -await pending_jobs(job_app, queue=queue, tenant=tenant), None
+            return
+        async with connector.pool.connection() as connection, connection.transaction():
+            await connector.execute_query_all_async_with_connection(
+                connection, _SHARE_LOCK, queue=queue, tenant=tenant
+            )
+            yield -await pending_jobs(job_app, queue=queue, tenant=tenant, connection=connection), connection
+
+
+async def pending_jobs(job_app: App, *, queue: Queue, tenant: str, connection: Any = None) -> int:
     """How many jobs of ``tenant`` wait (retries included) or run on ``queue``, on every worker,
-    up to ``COUNTED_AT_MOST``."""
+    up to ``COUNTED_AT_MOST``; on PostgreSQL, on ``connection`` when given (a transaction's)."""
     connector = job_app.connector
     if isinstance(connector, InMemoryConnector):  # the embedded store: jobs live in this process
         pending = sum(
@@ -188,9 +227,13 @@ async def pending_jobs(job_app: App, *, queue: Queue, tenant: str) -> int:
             and job["args"].get("tenant") == tenant
         )
         return min(pending, COUNTED_AT_MOST)
-    row = await connector.execute_query_one_async(
-        _PENDING_OF_TENANT, queue=queue, tenant=tenant, at_most=COUNTED_AT_MOST
-    )
+    arguments: dict[str, Any] = {"queue": queue, "tenant": tenant, "at_most": COUNTED_AT_MOST}
+    if connection is not None and isinstance(connector, procrastinate.PsycopgConnector):
+        row = await connector.execute_query_one_async_with_connection(
+            connection, _PENDING_OF_TENANT, **arguments
+        )
+    else:
+        row = await connector.execute_query_one_async(_PENDING_OF_TENANT, **arguments)
     return int(row["pending"])
 
 
