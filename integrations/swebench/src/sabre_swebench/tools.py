@@ -8,15 +8,18 @@ model; the runner sends it as the call's ``error``, so the model's code gets a `
 
 Everything a call carries comes from the model and is hostile: paths are resolved and must stay in the
 checkout (symlinks included), sizes are bounded. The commands themselves run with the runner's user
-rights: run the runner in a container or VM, as SWE-bench's own harness does.
+rights: run the runner in a container or VM, as SWE-bench's own harness does. A toolbox makes the
+runner's process undumpable first, so they cannot read its key in ``/proc/<runner>/environ`` or ``mem``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import signal
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -119,6 +122,7 @@ class Toolbox:
 
     def __post_init__(self) -> None:
         self.root = self.root.resolve()
+        hide_this_process()
 
     async def run(self, name: str, arguments: dict[str, Any]) -> str:
         """Run one call; ``ToolFailure`` for an unknown tool, bad arguments or a failed edit."""
@@ -315,6 +319,20 @@ class Toolbox:
             return text
         kept = data[: self.limits.output_bytes].decode("utf-8", errors="ignore")
         return f"{kept}\n[cut at {self.limits.output_bytes:,} of {len(data):,} bytes: use view_range]"
+
+
+PR_SET_DUMPABLE: Final = 4
+
+
+def hide_this_process() -> None:
+    """Make this process undumpable (Linux): its ``/proc`` environ and memory, which hold the SABRE
+    key, become unreadable to other processes of its user, the commands it runs for the model included
+    (an exec makes them dumpable again: they are not affected otherwise)."""
+    if sys.platform != "linux":
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
 
 
 def _numbered(lines: list[str], *, start: int) -> str:
