@@ -197,7 +197,7 @@ class McpConnection:
                 cwd=config.cwd,
                 encoding_error_handler="replace",
             )
-            return stdio_client(params)
+            return stdio_client(params, name=self.name)
         return _http_transport(config, request_seconds=self._timeout, on_session_expired=self._expire)
 
     def _expire(self) -> None:

@@ -16,7 +16,7 @@ same shutdown (close stdin, wait, then terminate the group). POSIX only, as the 
 
 from __future__ import annotations
 
-import sys
+import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from typing import TextIO
@@ -36,6 +36,8 @@ log = structlog.get_logger(__name__)
 # tool result, and half of what all the answers of one block may weigh (app.runtime.protocol's
 # MAX_JOURNAL_BYTES, 32 MiB); the reader holds at most this plus one chunk (64 KiB) per server.
 MAX_LINE_BYTES = 16 * 1024 * 1024
+# The longest stderr line of a server logged (the rest of a longer one is dropped).
+STDERR_LINE_CHARS = 4096
 
 # As the SDK: time for a server to exit once its stdin is closed, then from SIGTERM to SIGKILL of its
 # process group, then for the loop to see it dead; and for the writer to send what it already accepted.
@@ -64,14 +66,16 @@ class LineTooLong(Exception):
 async def stdio_client(
     server: StdioServerParameters,
     *,
+    name: str = "",
     errlog: TextIO | None = None,
     max_line_bytes: int = MAX_LINE_BYTES,
 ) -> AsyncIterator[tuple[ReadStream, WriteStream]]:
     """Start ``server`` and yield the session's streams, as ``mcp.client.stdio.stdio_client`` does.
 
     The server runs in a session (process group) of its own, with the SDK's default environment plus
-    ``server.env``, in ``server.cwd``, its stderr going to ``errlog`` (our stderr by default). Each line it
-    writes becomes a ``SessionMessage``, or the parse error as an exception; one over ``max_line_bytes``
+    ``server.env``, in ``server.cwd``, its stderr going to ``errlog`` or, by default, into our log: each
+    line an ``mcp_server_stderr`` event naming the server (``name``). Each line it writes to stdout
+    becomes a ``SessionMessage``, or the parse error as an exception; one over ``max_line_bytes``
     becomes ``LineTooLong`` and ends the stream. Leaving the context stops the server (bounded: a few
     seconds at most, even when cancelled).
     """
@@ -79,7 +83,9 @@ async def stdio_client(
         [server.command, *server.args],
         env=get_default_environment() | (server.env or {}),
         cwd=server.cwd,
-        stderr=errlog if errlog is not None else sys.stderr,
+        # Never our stderr itself: a server's lines (what it was asked, chosen by a tenant's model)
+        # would stand in our JSON log as lines of our own.
+        stderr=errlog if errlog is not None else subprocess.PIPE,
         start_new_session=True,
     )
     # No await from here to the task group, or a cancellation in between would leak the process.
@@ -138,6 +144,8 @@ async def stdio_client(
     async with anyio.create_task_group() as tg:
         tg.start_soon(read)
         tg.start_soon(write)
+        if process.stderr is not None:
+            tg.start_soon(_relay_stderr, process.stderr, name, process.pid)
         try:
             yield read_stream, write_stream
         finally:
@@ -182,6 +190,33 @@ class _Lines:
             self._buffer += await self._stream.receive()
 
 
+async def _relay_stderr(stream: ByteReceiveStream, name: str, pid: int) -> None:
+    """Log each line the server writes to stderr as an ``mcp_server_stderr`` event, its text a
+    field (so it cannot pass for a line of ours) cut at ``STDERR_LINE_CHARS``, until the stream ends."""
+    pending = bytearray()
+    dropped = False  # the rest of a line already cut
+
+    def emit(raw: bytes) -> None:
+        text = raw.decode("utf-8", errors="replace")
+        log.info("mcp_server_stderr", server=name, pid=pid, line=text[:STDERR_LINE_CHARS])
+
+    with suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+        while True:
+            pending += await stream.receive()
+            while (end := pending.find(b"\n")) >= 0:
+                if not dropped:
+                    emit(bytes(pending[:end]))
+                dropped = False
+                del pending[: end + 1]
+            if len(pending) > STDERR_LINE_CHARS:
+                if not dropped:
+                    emit(bytes(pending))
+                dropped = True
+                pending.clear()
+    if pending and not dropped:
+        emit(bytes(pending))
+
+
 async def _discard(stream: ByteReceiveStream, budget: int) -> None:
     """Read and drop up to ``budget`` bytes of ``stream``, until its end or its closing."""
     with suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
@@ -208,6 +243,9 @@ async def _stop(process: Process) -> None:
     # A process that survived, or a child it left holding stdout, must not keep the reader waiting.
     with suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
         await process.stdout.aclose()
+    if process.stderr is not None:
+        with suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            await process.stderr.aclose()
 
 
 async def _exited(process: Process, *, within: float) -> bool:
