@@ -43,6 +43,7 @@ import procrastinate
 import structlog
 from procrastinate import App, BaseRetryStrategy, Blueprint, JobContext, RetryDecision
 from procrastinate.app import WorkerOptions
+from procrastinate.connector import Notify
 from procrastinate.exceptions import ConnectorException
 from procrastinate.jobs import Job
 from procrastinate.tasks import Task
@@ -99,7 +100,7 @@ def build_job_app(settings: Settings, *, blueprints: Iterable[Blueprint] = ()) -
     engine's own periodic task and the tasks of ``blueprints``."""
     connector: procrastinate.BaseConnector
     if settings.is_sqlite:
-        connector = InMemoryConnector()
+        connector = EmbeddedConnector()
     else:
         connector = procrastinate.PsycopgConnector(
             conninfo=psycopg_conninfo(settings.effective_database_url),
@@ -113,6 +114,40 @@ def build_job_app(settings: Settings, *, blueprints: Iterable[Blueprint] = ()) -
     for blueprint in blueprints:
         add_blueprint(app, blueprint)
     return app
+
+
+class EmbeddedConnector(InMemoryConnector):
+    """procrastinate's in-memory store, whose new jobs wake every worker listening on it: the
+    engine's keeps one listener, the last to listen, and a worker here runs two lanes (the other
+    lane would only find its jobs at its next poll)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._listeners: dict[object, tuple[Notify, frozenset[str]]] = {}
+
+    async def listen_notify(self, on_notification: Notify, channels: Iterable[str]) -> None:
+        """Pass notifications on ``channels`` to ``on_notification`` until cancelled (as on
+        PostgreSQL: a stopped lane's listener goes with it)."""
+        key = object()
+        self._listeners[key] = (on_notification, frozenset(channels))
+        self._listening()
+        try:
+            await asyncio.get_running_loop().create_future()
+        finally:
+            del self._listeners[key]
+            self._listening()
+
+    def _listening(self) -> None:
+        """Point the engine's one listener at every lane's."""
+        self.notify_channels = sorted(
+            {channel for _, channels in self._listeners.values() for channel in channels}
+        )
+        self.on_notification = self._notify_each if self._listeners else None
+
+    async def _notify_each(self, *, channel: str, payload: str) -> None:
+        for on_notification, channels in list(self._listeners.values()):
+            if channel in channels:
+                await on_notification(channel=channel, payload=payload)
 
 
 def psycopg_conninfo(database_url: str) -> str:
