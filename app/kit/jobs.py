@@ -145,6 +145,7 @@ class EmbeddedConnector(InMemoryConnector):
         self.on_notification = self._notify_each if self._listeners else None
 
     async def _notify_each(self, *, channel: str, payload: str) -> None:
+        """Pass a notification to each lane listening on its channel."""
         for on_notification, channels in list(self._listeners.values()):
             if channel in channels:
                 await on_notification(channel=channel, payload=payload)
