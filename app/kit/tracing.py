@@ -16,6 +16,7 @@ import os
 from collections.abc import Awaitable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlsplit
 
 import structlog
 from opentelemetry import context as otel_context
@@ -78,8 +79,16 @@ def start_tracing(settings: Settings) -> bool:
     provider.add_span_processor(BatchSpanProcessor(exporter))
     _provider = provider
     _tracer = provider.get_tracer("sabre")
-    log.info("tracing_started", endpoint=configured_endpoint(settings))
+    log.info("tracing_started", endpoint=_without_credentials(configured_endpoint(settings) or ""))
     return True
+
+
+def _without_credentials(url: str) -> str:
+    """``url`` without its user, password, query and fragment (a collector's token may be in any of
+    them): what a log line may say of where spans go."""
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return f"{parts.scheme}://{host}{parts.path}" if parts.scheme else "(an endpoint that is not a URL)"
 
 
 def stop_tracing() -> None:
