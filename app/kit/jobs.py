@@ -63,6 +63,10 @@ Queue = Literal["turns", "webhooks", "maintenance"]
 # of slots: turns and upkeep (SABRE_WORKER_CONCURRENCY), webhooks (SABRE_WEBHOOK_CONCURRENCY).
 QUEUES: Final[tuple[Queue, ...]] = ("turns", "webhooks", "maintenance")
 LANES: Final[tuple[tuple[Queue, ...], tuple[Queue, ...]]] = (("turns", "maintenance"), ("webhooks",))
+# How often a worker looks for jobs no notification told it of (retries, scheduled jobs): on the
+# embedded store a look at a dict, on PostgreSQL a query.
+EMBEDDED_POLL_SECONDS: Final = 0.5
+STORE_POLL_SECONDS: Final = 2.0
 # The lowest priority a job gets (procrastinate stores an integer).
 LOWEST_PRIORITY: Final = -1_000_000
 # A tenant's jobs are counted up to this many: a tenant with a huge backlog costs each of its defers
@@ -355,7 +359,7 @@ def worker_options(
         "listen_notify": True,
         # A NOTIFY wakes a worker for a new job; retries and scheduled jobs are found by polling
         # (a query on PostgreSQL; a look at a dict for the in-memory store, so often there).
-        "fetch_job_polling_interval": 0.5 if settings.is_sqlite else 2.0,
+        "fetch_job_polling_interval": EMBEDDED_POLL_SECONDS if settings.is_sqlite else STORE_POLL_SECONDS,
         "shutdown_graceful_timeout": settings.worker_shutdown_seconds,
         "delete_jobs": "successful",
         "additional_context": {RESOURCES_KEY: resources},
