@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import procrastinate
 import structlog
 from procrastinate import JobContext
+from procrastinate.exceptions import AlreadyEnqueued
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.conversations.service import ConversationService
@@ -55,7 +56,9 @@ async def run_turn(
 async def defer_turn(resources: Resources, turn_id: str, *, tenant: str) -> None:
     """Hand a stored turn to the job workers, in its tenant's share of them, with the request id
     and trace context of the request that stored it (when there is one) for the job's logs and
-    spans."""
+    spans. A turn whose job still waits is not queued again (the recovery sweep hands out turns
+    queued long, and with fair shares a waiting job may be one that waits its turn): it keeps its
+    place."""
     request_id = structlog.contextvars.get_contextvars().get("request_id")
     extra: dict[str, Any] = {}
     if isinstance(request_id, str):
@@ -63,7 +66,18 @@ async def defer_turn(resources: Resources, turn_id: str, *, tenant: str) -> None
     carried = tracing.carrier()
     if carried:
         extra["trace_context"] = carried
-    await defer(resources.jobs, TASK, queue="turns", tenant=tenant, turn_id=turn_id, **extra)
+    try:
+        await defer(
+            resources.jobs,
+            TASK,
+            queue="turns",
+            tenant=tenant,
+            queueing_lock=f"turn:{turn_id}",
+            turn_id=turn_id,
+            **extra,
+        )
+    except AlreadyEnqueued:
+        log.info("turn_still_queued", turn_id=turn_id)
 
 
 def service_for(resources: Resources, session: AsyncSession) -> ConversationService:

@@ -13,9 +13,9 @@ it resolves the URL and queues a ``deliver_webhook`` job on the ``webhooks`` que
 - counts as delivered on a 2xx answer; anything else (a network error, a timeout, another status,
   a redirect, which is never followed) is retried with exponential backoff, at most
   ``MAX_RETRIES`` times;
-- runs in the worker's webhook slots, in its tenant's share of them (``app.kit.jobs``), and each
-  retry one step lower than the attempt before: receivers that fail are tried after those that
-  answer, and one tenant's dead receivers delay that tenant's webhooks, not the others'.
+- runs in the worker's webhook slots, in its tenant's share of them (``app.kit.jobs``), and a
+  retry only when no first attempt waits: receivers that fail are tried after those that answer,
+  and one tenant's dead receivers delay no one's first attempts.
 
 Each tenant signs with a secret of its own, ``whsec_`` + base64 of HMAC-SHA256(server secret,
 tenant): the server secret is ``SABRE_WEBHOOK_SECRET``, or one generated once and kept in the store.
@@ -46,7 +46,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from standardwebhooks import Webhook
 
 from app.helpers.net import FetchError, FetchLimits, NetworkDenied, NetworkPolicy, fetch
-from app.kit.jobs import LOWEST_PRIORITY, defer, job_resources
+from app.kit.jobs import RETRY_PRIORITY, defer, job_resources
 from app.kit.secrets import server_secret
 
 if TYPE_CHECKING:
@@ -217,13 +217,14 @@ def _webhook_id(*, event_type: str, turn: dict[str, Any], at: datetime) -> str:
 
 
 class SinkingRetry(RetryStrategy):
-    """Exponential backoff, each retry one priority step lower than the attempt that failed."""
+    """Exponential backoff, each retry behind every first attempt (``RETRY_PRIORITY``): a job
+    keeps its priority when retried, which fair shares would put ahead of newer jobs."""
 
     def get_retry_decision(self, *, exception: BaseException, job: Job) -> RetryDecision | None:
-        """The backoff's decision, at the job's priority minus one."""
+        """The backoff's decision, at ``RETRY_PRIORITY``."""
         decision = super().get_retry_decision(exception=exception, job=job)
         if decision is not None:
-            decision.priority = max(LOWEST_PRIORITY, job.priority - 1)
+            decision.priority = RETRY_PRIORITY
         return decision
 
 

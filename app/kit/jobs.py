@@ -24,11 +24,15 @@ Where jobs live:
   them; a job still queued or running when that process stops is gone, and the domain that
   deferred it recovers from its own tables (see ``WORKER_STARTUP`` in ``app.wiring``).
 
-Sharing between tenants: a job deferred for a tenant (``defer(..., tenant=...)``) gets the priority
-``-n``, where ``n`` is how many of that tenant's jobs wait or run on its queue, so workers take a
-tenant's first job before another tenant's tenth (the engine runs the highest priority first, then
-the oldest). A tenant queueing a thousand turns delays its own, not the others'. And webhooks have
-slots of their own (``SABRE_WEBHOOK_CONCURRENCY``): receivers that never answer hold those only.
+Sharing between tenants: a job deferred for a tenant (``defer(..., tenant=...)``) takes a place in
+line by start-time fair queuing. The engine runs the highest priority first, then the oldest; a
+priority here is minus a virtual time, which advances as jobs start: a tenant's first job gets the
+priority of the jobs being served now, and each further job one step below its tenant's last one
+waiting or running. So workers take a tenant's first job before another tenant's second, tenants
+with backlogs take turns, and a tenant that keeps queueing cannot hold back another's backlog (its
+new jobs queue behind its own). Webhooks have slots of their own (``SABRE_WEBHOOK_CONCURRENCY``):
+receivers that never answer hold those only, and a retry waits until no first attempt does
+(``RETRY_PRIORITY``).
 """
 
 from __future__ import annotations
@@ -67,18 +71,22 @@ LANES: Final[tuple[tuple[Queue, ...], tuple[Queue, ...]]] = (("turns", "maintena
 # embedded store a look at a dict, on PostgreSQL a query.
 EMBEDDED_POLL_SECONDS: Final = 0.5
 STORE_POLL_SECONDS: Final = 2.0
-# The lowest priority a job gets (procrastinate stores an integer).
-LOWEST_PRIORITY: Final = -1_000_000
-# A tenant's jobs are counted up to this many: a tenant with a huge backlog costs each of its defers
-# a bounded index scan, and its jobs past this many wait behind everyone's, oldest first.
-COUNTED_AT_MOST: Final = 1000
-# How many of a tenant's jobs wait or run on a queue (PostgreSQL; index ix_jobs_tenant_pending).
-_PENDING_OF_TENANT: Final = """
-SELECT count(*) AS pending FROM (
-    SELECT 1 FROM procrastinate_jobs
-    WHERE queue_name = %(queue)s AND status IN ('todo', 'doing') AND args->>'tenant' = %(tenant)s
-    LIMIT %(at_most)s
-) AS pending_jobs
+# Retries wait below every first attempt; fair shares count down to just above it (procrastinate
+# stores an int4: after this many jobs served with the queue never empty, the line is first come,
+# first served until it empties).
+RETRY_PRIORITY: Final = -2_000_000_000
+# Where a queue's line stands, for a job of a tenant (PostgreSQL; indexes of migration 0009): the
+# priority of the jobs served now (the lowest running; else the highest waiting), and the lowest
+# of the tenant's jobs waiting or running. Retries are left out.
+_LINE: Final = """
+SELECT
+    (SELECT min(priority) FROM procrastinate_jobs
+     WHERE queue_name = %(queue)s AND status = 'doing' AND priority > %(retry)s) AS serving,
+    (SELECT max(priority) FROM procrastinate_jobs
+     WHERE queue_name = %(queue)s AND status = 'todo' AND priority > %(retry)s) AS head,
+    (SELECT min(priority) FROM procrastinate_jobs
+     WHERE queue_name = %(queue)s AND status IN ('todo', 'doing') AND args->>'tenant' = %(tenant)s
+       AND priority > %(retry)s) AS own
 """
 # Taken (for its transaction) around a tenant's count and insert on a queue, so that concurrent
 # defers of one tenant, in any process, count each other. Two int4 keys: apart from the bigint
@@ -232,9 +240,9 @@ async def defer(
 @contextlib.asynccontextmanager
 async def _ranked(job_app: App, *, queue: Queue, tenant: str | None) -> AsyncIterator[tuple[int, Any]]:
     """The priority of a job of ``tenant`` on ``queue`` (0 for none), and the connection to insert
-    it on (PostgreSQL; else None), held until it is inserted: a tenant's jobs are counted and
-    inserted one at a time, in this process and across processes. Counted concurrently, a burst of
-    defers would all see the same count and take the same rank, ahead of other tenants' jobs."""
+    it on (PostgreSQL; else None), held until it is inserted: a tenant's jobs are placed and
+    inserted one at a time, in this process and across processes. Placed concurrently, a burst of
+    defers would all see the same line and take the same place, ahead of other tenants' jobs."""
     if tenant is None:
         yield 0, None
         return
@@ -245,36 +253,41 @@ async def _ranked(job_app: App, *, queue: Queue, tenant: str | None) -> AsyncIte
     async with share:
         connector = job_app.connector
         if not isinstance(connector, procrastinate.PsycopgConnector):
-            yield -await pending_jobs(job_app, queue=queue, tenant=tenant), None
+            yield await fair_priority(job_app, queue=queue, tenant=tenant), None
             return
         async with connector.pool.connection() as connection, connection.transaction():
             await connector.execute_query_all_async_with_connection(
                 connection, _SHARE_LOCK, queue=queue, tenant=tenant
             )
-            yield -await pending_jobs(job_app, queue=queue, tenant=tenant, connection=connection), connection
+            yield await fair_priority(job_app, queue=queue, tenant=tenant, connection=connection), connection
 
 
-async def pending_jobs(job_app: App, *, queue: Queue, tenant: str, connection: Any = None) -> int:
-    """How many jobs of ``tenant`` wait (retries included) or run on ``queue``, on every worker,
-    up to ``COUNTED_AT_MOST``; on PostgreSQL, on ``connection`` when given (a transaction's)."""
+async def fair_priority(job_app: App, *, queue: Queue, tenant: str, connection: Any = None) -> int:
+    """The priority a new job of ``tenant`` on ``queue`` takes (see the module docs): that of the
+    jobs served now when the tenant has none waiting or running, else one below its lowest; on
+    PostgreSQL read on ``connection`` when given (a transaction's)."""
     connector = job_app.connector
     if isinstance(connector, InMemoryConnector):  # the embedded store: jobs live in this process
-        pending = sum(
-            1
+        pending = [
+            job
             for job in connector.jobs.values()
             if job["queue_name"] == queue
             and job["status"] in ("todo", "doing")
-            and job["args"].get("tenant") == tenant
-        )
-        return min(pending, COUNTED_AT_MOST)
-    arguments: dict[str, Any] = {"queue": queue, "tenant": tenant, "at_most": COUNTED_AT_MOST}
-    if connection is not None and isinstance(connector, procrastinate.PsycopgConnector):
-        row = await connector.execute_query_one_async_with_connection(
-            connection, _PENDING_OF_TENANT, **arguments
-        )
+            and job["priority"] > RETRY_PRIORITY
+        ]
+        serving = min((job["priority"] for job in pending if job["status"] == "doing"), default=None)
+        head = max((job["priority"] for job in pending if job["status"] == "todo"), default=None)
+        own = min((job["priority"] for job in pending if job["args"].get("tenant") == tenant), default=None)
     else:
-        row = await connector.execute_query_one_async(_PENDING_OF_TENANT, **arguments)
-    return int(row["pending"])
+        arguments: dict[str, Any] = {"queue": queue, "tenant": tenant, "retry": RETRY_PRIORITY}
+        if connection is not None and isinstance(connector, procrastinate.PsycopgConnector):
+            row = await connector.execute_query_one_async_with_connection(connection, _LINE, **arguments)
+        else:
+            row = await connector.execute_query_one_async(_LINE, **arguments)
+        serving, head, own = row["serving"], row["head"], row["own"]
+    now = serving if serving is not None else head if head is not None else 0
+    place = now if own is None else min(now, own - 1)
+    return max(place, RETRY_PRIORITY + 1)
 
 
 def job_resources(context: JobContext) -> Resources:

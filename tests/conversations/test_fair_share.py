@@ -11,6 +11,7 @@ import httpx
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from app.conversations import background
 from app.llm.scripted import Reply, ScriptedLLM
 from app.models import Turn
 from tests.conftest import AppFactory
@@ -55,3 +56,27 @@ async def test_a_tenants_first_turn_runs_before_another_tenants_backlog(
         other = await _background(client, GLOBEX)
         order = await _ended_in_order(client, [first, *backlog, other], within=30)
     assert order == [first, other, *backlog]
+
+
+async def test_the_recovery_sweep_leaves_a_waiting_turn_in_its_place(
+    make_client: AppFactory, llm: ScriptedLLM
+) -> None:
+    """A turn queued longer than SABRE_TURN_REQUEUE_SECONDS is handed out again by the sweep; one
+    whose job still waits its turn keeps that job (before: a second job each sweep, which the
+    fair share then counted against its tenant)."""
+    llm.script(Reply(text="first", delay=1.5), "second")
+    async with make_client(api_keys=KEYS, worker_concurrency=1, turn_requeue_seconds=0.05) as client:
+        first = await _background(client, ACME)
+        deadline = time.monotonic() + 10
+        while not llm.requests:  # the first turn holds the only slot
+            assert time.monotonic() < deadline, "the first turn never reached the model"
+            await asyncio.sleep(0.02)
+        waiting = await _background(client, ACME)
+        await asyncio.sleep(0.1)  # queued longer than the requeue time
+        resources = client.app.state.resources  # type: ignore[attr-defined]
+        assert await background.recover_turns(resources) >= 1
+        await background.recover_turns(resources)
+        queued = await resources.jobs.job_manager.list_jobs_async(queue="turns", status="todo")
+        assert [job.task_kwargs["turn_id"] for job in queued].count(waiting) == 1, queued
+        order = await _ended_in_order(client, [first, waiting], within=30)
+    assert order == [first, waiting]

@@ -138,30 +138,13 @@ def _job(*, priority: int, attempts: int) -> Job:
     )
 
 
-def test_each_retry_goes_one_step_lower_until_the_attempts_run_out() -> None:
+def test_a_retry_waits_behind_every_first_attempt_until_the_attempts_run_out() -> None:
     strategy = SinkingRetry(max_attempts=3, exponential_wait=2, retry_exceptions=[WebhookDeliveryError])
     failed = WebhookDeliveryError("HTTP 500")
     decision = strategy.get_retry_decision(exception=failed, job=_job(priority=-2, attempts=0))
     assert decision is not None
-    assert decision.priority == -3
+    assert decision.priority == jobs.RETRY_PRIORITY
     assert decision.retry_at is not None
     other = ValueError("not retried")
     assert strategy.get_retry_decision(exception=other, job=_job(priority=0, attempts=0)) is None
     assert strategy.get_retry_decision(exception=failed, job=_job(priority=0, attempts=3)) is None
-
-
-async def test_a_tenants_backlog_is_counted_up_to_a_bound(
-    make_client: AppFactory, held: HeldReceiver, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Counting stops at COUNTED_AT_MOST (2 here), so a tenant's huge backlog costs each defer a
-    bounded scan; its jobs past the bound share the lowest rank, oldest first."""
-    monkeypatch.setattr(jobs, "COUNTED_AT_MOST", 2)
-    async with make_client(webhook_allow="127.0.0.1", webhook_concurrency=1) as client:
-        await _schedule(client, tenant="acme", url=f"{held.url}/held/0", turn_id="turn_a0")
-        await eventually(lambda: held.paths == ["/held/0"], within=10, what="acme's first delivery")
-        for index in (1, 2, 3):
-            await _schedule(client, tenant="acme", url=f"{held.url}/acme/{index}", turn_id=f"turn_a{index}")
-        assert await _priorities(client, held) == {"/held/0": 0, "/acme/1": -1, "/acme/2": -2, "/acme/3": -2}
-        held.release.set()
-        await eventually(lambda: len(held.paths) == 4, within=15, what="every delivery arrived")
-    assert held.paths == ["/held/0", "/acme/1", "/acme/2", "/acme/3"]
