@@ -129,9 +129,32 @@ def build_job_app(settings: Settings, *, blueprints: Iterable[Blueprint] = ()) -
 
 
 class EmbeddedConnector(InMemoryConnector):
-    """procrastinate's in-memory store, whose new jobs wake every worker listening on it: the
-    engine's keeps one listener, the last to listen, and a worker here runs two lanes (the other
-    lane would only find its jobs at its next poll)."""
+    """procrastinate's in-memory store, made to serve a long-lived server: its new jobs wake every
+    worker listening on it (the engine's keeps one listener, the last to listen, and a worker here
+    runs two lanes: the other would only find its jobs at its next poll), and it keeps nothing of
+    a job once the job is gone, nor a log of its queries (the engine's, a test double, keeps
+    both for ever: every poll and heartbeat of a server running for weeks)."""
+
+    async def generic_execute(
+        self, query: str, suffix: Literal["run", "one", "all"], **arguments: Any
+    ) -> Any:
+        """Run the query, keeping no record of it."""
+        try:
+            return await super().generic_execute(query, suffix, **arguments)
+        finally:
+            self.queries.clear()
+
+    async def finish_job_run(self, job_id: int, status: str, delete_job: bool) -> None:
+        """End a job; a deleted one's events go with it."""
+        await super().finish_job_run(job_id, status, delete_job)
+        if delete_job:
+            self.events.pop(job_id, None)
+
+    async def delete_old_jobs_run(self, nb_hours: int, queue: str, statuses: Iterable[str]) -> None:
+        """Delete old ended jobs, and their events."""
+        await super().delete_old_jobs_run(nb_hours, queue, statuses)
+        for job_id in self.events.keys() - self.jobs.keys():
+            del self.events[job_id]
 
     def __init__(self) -> None:
         super().__init__()

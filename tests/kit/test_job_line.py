@@ -92,3 +92,25 @@ async def test_a_backlog_waits_behind_another_tenants_first_job(job_app: App) ->
     for _ in range(3):
         await line.take_next()
     assert line.served == ["acme", "globex", "acme", "acme"]
+
+
+async def test_the_embedded_store_keeps_nothing_of_jobs_that_are_gone(tmp_path: Path) -> None:
+    """A long-lived embedded server runs jobs for weeks: the store keeps no log of its queries and
+    nothing of a job once it is deleted (before: procrastinate's in-memory store, a test double,
+    kept every query, polls and heartbeats included, and every deleted job's events)."""
+    settings = Settings(database_url=f"sqlite+aiosqlite:///{tmp_path / 'x.db'}", data_dir=tmp_path)
+    app = jobs.build_job_app(settings, blueprints=[blueprint])
+    connector = app.connector
+    assert isinstance(connector, jobs.EmbeddedConnector)
+    await app.open_async()
+    try:
+        line = Line(app, await app.job_manager.register_worker())
+        for _ in range(50):
+            await line.queue("acme")
+            await line.take_next()
+        await app.job_manager.delete_old_jobs(nb_hours=0, include_failed=True)
+    finally:
+        await app.close_async()
+    assert len(connector.jobs) == 1  # the last one taken, still running
+    assert connector.queries == []
+    assert connector.events.keys() == connector.jobs.keys()
