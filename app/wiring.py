@@ -279,11 +279,16 @@ async def _check_redis(settings: Settings) -> None:
     """SABRE_REDIS_URL, when set, answers a PING (otherwise the first turn would fail instead)."""
     if not settings.redis_url:
         return
-    where = _redis_location(settings.redis_url)
     try:
+        where = _redis_location(settings.redis_url)
         client = create_redis(settings.redis_url)
-    except ValueError as exc:
-        raise StartupError(f"SABRE_REDIS_URL is not a Redis URL ({exc}).") from None
+    except ValueError:
+        # The parser's words may quote part of the password (an unencoded "/" in it ends the
+        # host part): none of them are shown.
+        raise StartupError(
+            "SABRE_REDIS_URL is not a Redis URL: redis:// or rediss://, host, port 1-65535, "
+            "and a password with its reserved characters (/ ? # @ :) percent-encoded."
+        ) from None
     try:
         async with asyncio.timeout(STORE_START_SECONDS):
             await client.ping()
@@ -298,7 +303,7 @@ async def _check_redis(settings: Settings) -> None:
 
 
 def _redis_location(url: str) -> str:
-    """A Redis URL without its password."""
+    """A Redis URL without its password (ValueError when its port does not parse)."""
     parts = urlsplit(url)
     host = parts.hostname or ""
     port = f":{parts.port}" if parts.port else ""

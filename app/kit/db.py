@@ -68,7 +68,8 @@ AUTOCOMMIT: Final = "AUTOCOMMIT"  # the isolation level of a connection with no 
 def create_engine(
     url: str, *, pre_ping: bool = False, idle_transaction_seconds: float | None = None
 ) -> AsyncEngine:
-    """An async engine tuned for the store behind ``url`` (SQLite: WAL + foreign keys).
+    """An async engine tuned for the store behind ``url`` (SQLite: WAL + foreign keys), whose
+    errors never carry a statement's values (``hide_parameters``).
 
     ``pre_ping`` (PostgreSQL): test every connection at checkout, at three round trips each.
     ``idle_transaction_seconds`` (PostgreSQL): the server ends a transaction of ours left idle
@@ -77,7 +78,9 @@ def create_engine(
     insert of the turn's next events) must not stop the process that took the turn over.
     """
     if url.startswith("sqlite"):
-        engine = create_async_engine(url, connect_args={"timeout": 30}, json_deserializer=load_stored)
+        engine = create_async_engine(
+            url, connect_args={"timeout": 30}, json_deserializer=load_stored, hide_parameters=True
+        )
 
         @event.listens_for(engine.sync_engine, "connect")
         def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -101,6 +104,9 @@ def create_engine(
         pool_pre_ping=pre_ping,
         connect_args={"server_settings": server_settings},
         json_deserializer=load_stored,
+        # A statement's error names its values otherwise (messages, snapshots, secrets), and such
+        # errors are logged and put on spans.
+        hide_parameters=True,
     )
 
     @event.listens_for(engine.sync_engine, "checkout")
