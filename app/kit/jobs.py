@@ -9,11 +9,11 @@ process with :func:`build_job_app`. The API process defers jobs with :func:`defe
     blueprint = procrastinate.Blueprint()
 
     @blueprint.task(name="run_turn", queue="turns", pass_context=True)
-    async def run_turn(context: JobContext, turn_id: str) -> None:
+    async def run_turn(context: JobContext, turn_id: str, tenant: str) -> None:
         resources = job_resources(context)
         ...
 
-    await defer(resources.jobs, "run_turn", queue="turns", lock=conversation_id, turn_id=turn_id)
+    await defer(resources.jobs, "run_turn", queue="turns", tenant=tenant, turn_id=turn_id)
 
 Where jobs live:
 - PostgreSQL: procrastinate's tables (migration 0005), shared by every process on the store.
@@ -243,7 +243,8 @@ async def defer(
 
     ``tenant``: whose share of the workers the job takes (see the module docs); it is also passed
     to the task as its ``tenant`` argument. ``lock``: jobs with the same lock run one at a time,
-    in order (e.g. a conversation id); ``queueing_lock``: at most one such job waits in the queue
+    in order of priority, then of age (with ``tenant``, a lock's jobs need not run in the order
+    they were queued); ``queueing_lock``: at most one such job waits in the queue
     (a second defer raises ``procrastinate.exceptions.AlreadyEnqueued``).
     """
     if tenant is not None:
