@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
-from app.kit.logging import ensure_logging
 from app.tools.mcp import McpManager, StdioServerConfig
 
 # A minimal MCP server (raw JSON-RPC) that logs each call's arguments to stderr, as servers do.
@@ -44,22 +44,22 @@ FORGED = {"event": "request", "method": "DELETE", "status": 204, "tenant": "glob
 async def test_a_servers_stderr_cannot_forge_log_lines(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    ensure_logging(fmt="json")  # as the service's processes log (JSON lines on stderr)
+    """The process's own stderr (file descriptor 2, which the server inherited before) gets none of
+    the server's lines; SABRE's log (read from structlog's capture: where its stream goes depends on
+    which test configured logging first) has them as bounded fields of its own events."""
     script = tmp_path / "echo_server.py"
     script.write_text(SERVER)
     config = StdioServerConfig(transport="stdio", command=sys.executable, args=(str(script),))
     manager = McpManager({"echo": config}, timeout=10)
-    try:
-        assert await manager.call_tool("echo", "note", {"text": "hi\n" + json.dumps(FORGED)}) == "noted"
-    finally:
-        await manager.aclose()
-    lines = [line for line in capfd.readouterr().err.splitlines() if line.strip()]
-    assert lines
-    for line in lines:
-        # Every line is a JSON object of SABRE's, none is the forged one, and none is unbounded.
-        parsed = json.loads(line)
-        assert "forged" not in parsed, line
-        assert len(line) < 20_000
-    relayed = [json.loads(line) for line in lines if "mcp_server_stderr" in line]
+    with capture_logs() as logs:
+        try:
+            assert await manager.call_tool("echo", "note", {"text": "hi\n" + json.dumps(FORGED)}) == "noted"
+        finally:
+            await manager.aclose()
+    raw = capfd.readouterr().err
+    assert "note called with" not in raw
+    assert '"forged": true' not in raw
+    relayed = [entry for entry in logs if entry["event"] == "mcp_server_stderr"]
     assert any(entry["server"] == "echo" and "note called with hi" in entry["line"] for entry in relayed)
     assert any(entry["server"] == "echo" and "forged" in entry["line"] for entry in relayed)
+    assert all(len(entry["line"]) <= 4096 for entry in relayed)
