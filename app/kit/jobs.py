@@ -52,6 +52,7 @@ from procrastinate.exceptions import ConnectorException
 from procrastinate.jobs import Job
 from procrastinate.tasks import Task
 from procrastinate.testing import InMemoryConnector
+from procrastinate.worker import Worker
 from sqlalchemy.engine import make_url
 
 from app.config import Settings
@@ -418,23 +419,35 @@ async def run_worker(job_app: App, *, resources: Resources, concurrency: int, na
     other, so the process's supervisor sees one worker."""
     settings = resources.settings
     sizes = (concurrency, settings.webhook_concurrency)
-    lanes = [
-        asyncio.create_task(
-            job_app.run_worker_async(
-                **worker_options(
-                    settings, resources=resources, queues=queues, concurrency=size, name=f"{name}-{queues[0]}"
-                )
+    # Workers made here, not by ``App.run_worker_async``, to keep a handle on each to stop it.
+    workers = [
+        Worker(
+            app=job_app,
+            **worker_options(
+                settings, resources=resources, queues=queues, concurrency=size, name=f"{name}-{queues[0]}"
             ),
-            name=f"sabre job worker ({', '.join(queues)})",
         )
         for queues, size in zip(LANES, sizes, strict=True)
+    ]
+    lanes = [
+        asyncio.create_task(
+            worker.run(),  # type: ignore[no-untyped-call]  # procrastinate leaves it unannotated
+            name=f"sabre job worker ({', '.join(queues)})",
+        )
+        for worker, queues in zip(workers, LANES, strict=True)
     ]
     try:
         done, _ = await asyncio.wait(lanes, return_when=asyncio.FIRST_COMPLETED)
     finally:
+        # Asked to stop, then cancelled: a cancellation alone is lost when it lands in a driver's
+        # call during the lane's start (psycopg's pool swallows it), and that lane then ran on
+        # until the process's stop gave up on it (SABRE_WORKER_SHUTDOWN_SECONDS + 10 s, at every
+        # app's close); a lane not started yet never starts. Each stops gracefully (its jobs get
+        # their grace period).
+        for worker in workers:
+            worker.stop()  # type: ignore[no-untyped-call]  # procrastinate leaves it unannotated
         for lane in lanes:
             lane.cancel()
-        # Each lane stops gracefully on its cancellation (its jobs get their grace period).
         await asyncio.gather(*lanes, return_exceptions=True)
     for lane in done:
         lane.result()  # a lane's failure is the worker's
