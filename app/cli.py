@@ -184,9 +184,9 @@ def swe(ctx: typer.Context) -> None:
 
 @cli.command()
 def migrate() -> None:
-    """Upgrade the configured store (SABRE_DATABASE_URL) to the latest schema."""
-    from sqlalchemy.exc import SQLAlchemyError
-
+    """Upgrade the configured store (SABRE_DATABASE_URL) to the latest schema. A store that cannot
+    be used is one line and status 2, whatever the driver raised (a port out of range, a bad
+    ``sslmode``: not only connection errors), as ``sabre serve`` says it."""
     from app.kit.db import store_problem
     from app.kit.migrate import upgrade_sync
 
@@ -194,7 +194,7 @@ def migrate() -> None:
     url = settings.effective_database_url
     try:
         upgrade_sync(url)
-    except (OSError, SQLAlchemyError, TimeoutError) as exc:
+    except Exception as exc:
         typer.echo(store_problem(url, exc), err=True)
         raise typer.Exit(code=2) from None
     typer.echo(f"upgraded {url.split('@')[-1]}")
