@@ -66,7 +66,6 @@ log = structlog.get_logger(__name__)
 Queue = Literal["turns", "webhooks", "maintenance"]
 # Every worker takes jobs from every queue (one kind of worker to deploy and scale), in two lanes
 # of slots: turns and upkeep (SABRE_WORKER_CONCURRENCY), webhooks (SABRE_WEBHOOK_CONCURRENCY).
-QUEUES: Final[tuple[Queue, ...]] = ("turns", "webhooks", "maintenance")
 LANES: Final[tuple[tuple[Queue, ...], tuple[Queue, ...]]] = (("turns", "maintenance"), ("webhooks",))
 # How often a worker looks for jobs no notification told it of (retries, scheduled jobs): on the
 # embedded store a look at a dict, on PostgreSQL a query.
@@ -89,9 +88,9 @@ SELECT
      WHERE queue_name = %(queue)s AND status IN ('todo', 'doing') AND args->>'tenant' = %(tenant)s
        AND priority > %(retry)s) AS own
 """
-# Taken (for its transaction) around a tenant's count and insert on a queue, so that concurrent
-# defers of one tenant, in any process, count each other. Two int4 keys: apart from the bigint
-# lock of app.kit.migrate.
+# Taken (for its transaction) around placing a tenant's job on a queue and inserting it, so that
+# concurrent defers of one tenant, in any process, see each other. Two int4 keys: apart from the
+# bigint lock of app.kit.migrate.
 _SHARE_LOCK: Final = """
 SELECT pg_advisory_xact_lock(hashtext('sabre jobs share ' || %(queue)s), hashtext(%(tenant)s))
 """
@@ -136,6 +135,10 @@ class EmbeddedConnector(InMemoryConnector):
     a job once the job is gone, nor a log of its queries (the engine's, a test double, keeps
     both for ever: every poll and heartbeat of a server running for weeks)."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._listeners: dict[object, tuple[Notify, frozenset[str]]] = {}
+
     async def generic_execute(
         self, query: str, suffix: Literal["run", "one", "all"], **arguments: Any
     ) -> Any:
@@ -156,10 +159,6 @@ class EmbeddedConnector(InMemoryConnector):
         await super().delete_old_jobs_run(nb_hours, queue, statuses)
         for job_id in self.events.keys() - self.jobs.keys():
             del self.events[job_id]
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._listeners: dict[object, tuple[Notify, frozenset[str]]] = {}
 
     async def listen_notify(self, on_notification: Notify, channels: Iterable[str]) -> None:
         """Pass notifications on ``channels`` to ``on_notification`` until cancelled (as on

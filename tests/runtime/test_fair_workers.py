@@ -68,3 +68,24 @@ async def test_one_tenant_alone_is_served_in_order(backend: Backend, workspaces:
         starts = await asyncio.gather(*tasks)
     assert starts == sorted(starts)
     assert pool.workers.waiting == 0
+
+
+async def test_a_block_whose_request_goes_away_leaves_the_line(backend: Backend, workspaces: Path) -> None:
+    """The client of the block first in line goes away while it waits (its task is cancelled): it
+    leaves the line, and the next block gets the worker when it is free, not never."""
+    async with started_pool(backend, workspaces, size=1) as pool:
+        first = asyncio.create_task(_started_at(pool, workspaces, tenant="acme"))
+        deadline = time.monotonic() + 10
+        while pool.workers.idle_workers:  # acme's block holds the only worker
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        gone = asyncio.create_task(_started_at(pool, workspaces, tenant="globex"))  # first in line
+        await _queued(pool, 1)
+        second = asyncio.create_task(_started_at(pool, workspaces, tenant="acme"))
+        await _queued(pool, 2)
+        gone.cancel()
+        async with asyncio.timeout(20):
+            first_at, second_at = await asyncio.gather(first, second)
+        assert first_at < second_at
+        assert gone.cancelled()
+        assert pool.workers.waiting == 0

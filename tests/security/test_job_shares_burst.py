@@ -1,6 +1,6 @@
 """A tenant that queues its jobs all at once still takes its fair share, no more
-(app.kit.jobs.defer): each job's rank counts the tenant's jobs queued before it, even those queued
-at the same moment by other requests or other processes. Both stores, real workers."""
+(app.kit.jobs.defer): each job is placed after the tenant's jobs queued before it, even those
+queued at the same moment by other requests or other processes. Both stores, real workers."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ __all__ = ["held"]  # the fixture, used by name
 
 async def test_a_burst_of_deferrals_is_ranked_one_by_one(make_client: AppFactory, held: HeldReceiver) -> None:
     """One webhook slot, held by globex's first delivery; acme queues four deliveries at once, then
-    globex a second. Acme's four are ranked 0 to -3, so globex's second (-1) goes third; before,
-    the four counted concurrently and all took rank 0, the whole burst ahead of globex."""
+    globex a second. Acme's four take priorities 0 to -3, so globex's second (-1) goes third;
+    before, the four were placed concurrently and all took 0, the whole burst ahead of globex."""
     async with make_client(webhook_allow="127.0.0.1", webhook_concurrency=1) as client:
         await _schedule(client, tenant="globex", url=f"{held.url}/held/globex", turn_id="turn_g0")
         await eventually(lambda: held.paths == ["/held/globex"], within=10, what="globex's first delivery")
