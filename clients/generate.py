@@ -23,6 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "openapi" / "openapi.json"
 PYTHON = ROOT / "clients" / "python"
 PACKAGE = PYTHON / "sabre_api"
+# Our changes to openapi-python-client's templates (client.py.jinja: no token in a client's repr).
+TEMPLATES = PYTHON / "templates"
 TYPESCRIPT = ROOT / "clients" / "typescript"
 
 
@@ -41,6 +43,8 @@ def generate_python(into: Path) -> Path:
             str(target),
             "--config",
             str(PYTHON / "openapi-python-client.yaml"),
+            "--custom-template-path",
+            str(TEMPLATES),
             "--meta",
             "none",
             "--overwrite",

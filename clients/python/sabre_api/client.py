@@ -5,6 +5,11 @@ import httpx
 from attrs import define, evolve, field
 
 
+def _names_only(values: dict[str, str]) -> str:
+    """Headers or cookies as shown by repr(): their names, never their values (a token is one)."""
+    return repr(sorted(values))
+
+
 @define
 class Client:
     """A class for keeping track of data related to the API
@@ -36,8 +41,12 @@ class Client:
 
     raise_on_unexpected_status: bool = field(default=False, kw_only=True)
     _base_url: str = field(alias="base_url")
-    _cookies: dict[str, str] = field(factory=dict, kw_only=True, alias="cookies")
-    _headers: dict[str, str] = field(factory=dict, kw_only=True, alias="headers")
+    _cookies: dict[str, str] = field(
+        factory=dict, kw_only=True, alias="cookies", repr=_names_only
+    )
+    _headers: dict[str, str] = field(
+        factory=dict, kw_only=True, alias="headers", repr=_names_only
+    )
     _timeout: httpx.Timeout | None = field(default=None, kw_only=True, alias="timeout")
     _verify_ssl: str | bool | ssl.SSLContext = field(
         default=True, kw_only=True, alias="verify_ssl"
@@ -170,8 +179,12 @@ class AuthenticatedClient:
 
     raise_on_unexpected_status: bool = field(default=False, kw_only=True)
     _base_url: str = field(alias="base_url")
-    _cookies: dict[str, str] = field(factory=dict, kw_only=True, alias="cookies")
-    _headers: dict[str, str] = field(factory=dict, kw_only=True, alias="headers")
+    _cookies: dict[str, str] = field(
+        factory=dict, kw_only=True, alias="cookies", repr=_names_only
+    )
+    _headers: dict[str, str] = field(
+        factory=dict, kw_only=True, alias="headers", repr=_names_only
+    )
     _timeout: httpx.Timeout | None = field(default=None, kw_only=True, alias="timeout")
     _verify_ssl: str | bool | ssl.SSLContext = field(
         default=True, kw_only=True, alias="verify_ssl"
@@ -183,7 +196,7 @@ class AuthenticatedClient:
     _client: httpx.Client | None = field(default=None, init=False)
     _async_client: httpx.AsyncClient | None = field(default=None, init=False)
 
-    token: str
+    token: str = field(repr=False)
     prefix: str = "Bearer"
     auth_header_name: str = "Authorization"
 
