@@ -62,6 +62,24 @@ export class SabreConnectionError extends Error {
   }
 }
 
+/** The server answered with a redirect (3xx), which the client never follows: following it would send
+ * the API key, and replay a POST's body (307/308), to wherever it points (another path, port or scheme
+ * of the same host keeps the `Authorization` header). */
+export class SabreRedirectError extends Error {
+  readonly status: number;
+  readonly location: string;
+
+  constructor(status: number, location: string, url: string) {
+    super(
+      `${url} answered ${status}, a redirect to ${location || "(no location)"}: redirects are not followed` +
+        " (point baseUrl at the server itself)",
+    );
+    this.name = "SabreRedirectError";
+    this.status = status;
+    this.location = location;
+  }
+}
+
 export interface SabreOptions {
   /** Default: the local server, http://127.0.0.1:8011. */
   baseUrl?: string;
@@ -85,6 +103,7 @@ export async function unwrap<T>(call: Promise<Answer<T>>): Promise<T> {
   try {
     answer = await call;
   } catch (cause) {
+    if (cause instanceof SabreRedirectError) throw cause;
     throw new SabreConnectionError(`cannot reach the server: ${String(cause)}`, { cause });
   }
   if (!answer.response.ok || answer.error !== undefined) {
@@ -147,7 +166,7 @@ export class TurnStream implements AsyncIterable<EventOut> {
           if (this.turn !== undefined) return;
         }
       } catch (error) {
-        if (error instanceof SabreApiError) throw error;
+        if (error instanceof SabreApiError || error instanceof SabreRedirectError) throw error;
         if (this.conversationId === undefined) {
           throw new SabreConnectionError(`cannot reach the server: ${String(error)}`, { cause: error });
         }
@@ -190,7 +209,7 @@ export class Sabre {
   constructor(options: SabreOptions = {}) {
     this.baseUrl = (options.baseUrl ?? "http://127.0.0.1:8011").replace(/\/+$/, "");
     this.headers = options.apiKey ? { Authorization: `Bearer ${options.apiKey}` } : {};
-    this.fetchImpl = options.fetch ?? globalThis.fetch;
+    this.fetchImpl = refusingRedirects(options.fetch ?? globalThis.fetch);
     this.maxResumes = options.maxResumes ?? 5;
     this.api = createClient<paths>({ baseUrl: this.baseUrl, headers: this.headers, fetch: this.fetchImpl });
   }
@@ -267,6 +286,21 @@ export class Sabre {
       body: { results: asResults(results), stream: true },
     });
   }
+}
+
+/** `fetch` for every request of the client (openapi-fetch's and the streams'): a redirect is not followed
+ * (`redirect: "manual"`) but thrown as a `SabreRedirectError`, its body left unread. */
+function refusingRedirects(fetchImpl: typeof globalThis.fetch): typeof globalThis.fetch {
+  return async (input, init) => {
+    const response = await fetchImpl(input, { ...init, redirect: "manual" });
+    const redirected = response.status >= 300 && response.status < 400 && response.status !== 304;
+    if (redirected || response.type === "opaqueredirect") {
+      await response.body?.cancel();
+      const url = typeof input === "string" ? input : input instanceof URL ? input.href : input.url;
+      throw new SabreRedirectError(response.status, response.headers.get("location") ?? "", url);
+    }
+    return response;
+  };
 }
 
 /** The turn-starting POSTs answer JSON unless asked to stream (which these calls never do). */
