@@ -16,6 +16,7 @@ from sabre_client.errors import (
     BadRequestError,
     ConflictError,
     ConnectionFailed,
+    EventTooLarge,
     GoneError,
     InternalServerError,
     NotFoundError,
@@ -29,10 +30,11 @@ from sabre_client.errors import (
     error_for,
     unwrap,
 )
-from sabre_client.streaming import END_TYPES, AsyncTurnStream, TurnStream
+from sabre_client.streaming import END_TYPES, MAX_EVENT_BYTES, AsyncTurnStream, TurnStream
 
 __all__ = [
     "END_TYPES",
+    "MAX_EVENT_BYTES",
     "ApiError",
     "AsyncSabre",
     "AsyncTurnStream",
@@ -40,6 +42,7 @@ __all__ = [
     "BadRequestError",
     "ConflictError",
     "ConnectionFailed",
+    "EventTooLarge",
     "GoneError",
     "InternalServerError",
     "NotFoundError",

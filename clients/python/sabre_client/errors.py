@@ -29,6 +29,16 @@ class StreamInterrupted(ConnectionFailed):
     """A stream of turn events broke and could not be resumed within the retries allowed."""
 
 
+class EventTooLarge(SabreError):
+    """One event of a stream passed ``limit`` bytes (``MAX_EVENT_BYTES``): the server is broken or
+    hostile. The stream stops there and is not resumed (the server would send the same event again)."""
+
+    def __init__(self, limit: int, *, url: str) -> None:
+        super().__init__(f"an event of the stream from {url} passed {limit} bytes; the stream was dropped")
+        self.limit = limit
+        self.url = url
+
+
 class ApiError(SabreError):
     """The server answered with an error (RFC 9457 problem+json).
 

@@ -10,23 +10,124 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import httpx
-from httpx_sse import ServerSentEvent, aconnect_sse, connect_sse
+from httpx_sse import EventSource, ServerSentEvent, SSEError, aconnect_sse, connect_sse
 from sabre_api.models.event_out import EventOut
 from sabre_api.models.turn_out import TurnOut
 
-from sabre_client.errors import ConnectionFailed, StreamInterrupted, error_for
+from sabre_client.errors import ConnectionFailed, EventTooLarge, StreamInterrupted, error_for
 
 END_TYPES: Final = frozenset(
     {"turn.completed", "turn.awaiting_tool_results", "turn.failed", "turn.cancelled"}
 )
 SSE_HEADERS: Final = {"Accept": "text/event-stream"}
 BROKEN: Final = (httpx.TransportError, httpx.StreamError)
+MAX_EVENT_BYTES: Final = 16 * 1024 * 1024
+"""The most one event of a stream may hold, its lines as sent: past it the stream fails with
+``EventTooLarge`` instead of buffering whatever a broken or hostile server keeps sending."""
+
+LINE_END: Final = re.compile(rb"\r\n?|\n")
+
+
+class EventDecoder:
+    """Server-sent events from the bytes of a stream, each at most ``limit`` bytes.
+
+    httpx_sse buffers a line however long it grows; this counts an event's bytes as they arrive (the
+    line not yet ended included) and raises ``EventTooLarge`` once past ``limit``, so at most
+    ``limit`` and one chunk are held. Fields are read as the SSE specification says; an event
+    unfinished when the stream ends is dropped.
+    """
+
+    def __init__(self, url: str, limit: int = MAX_EVENT_BYTES) -> None:
+        self.url = url
+        self.limit = limit
+        self._line = bytearray()  # the line not yet ended
+        self._size = 0  # bytes of the current event's ended lines
+        self._cr_ended = False  # the last chunk ended with \r: a \n first in the next is the same end
+        self._event = ""
+        self._data: list[str] = []
+        self._id = ""
+        self._retry: int | None = None
+
+    def feed(self, chunk: bytes) -> list[ServerSentEvent]:
+        """The events that ``chunk`` completes."""
+        start = 1 if self._cr_ended and chunk[:1] == b"\n" else 0
+        self._cr_ended = False
+        events: list[ServerSentEvent] = []
+        for end in LINE_END.finditer(chunk, start):
+            self._line += chunk[start : end.start()]
+            start = end.end()
+            self._cr_ended = end.group() == b"\r" and start == len(chunk)
+            event = self._take_line()
+            if event is not None:
+                events.append(event)
+        self._line += chunk[start:]
+        if self._size + len(self._line) > self.limit:
+            raise EventTooLarge(self.limit, url=self.url)
+        return events
+
+    def _take_line(self) -> ServerSentEvent | None:
+        if not self._line:
+            return self._dispatch()
+        line = self._line.decode("utf-8", errors="replace")
+        self._size += len(self._line) + 1
+        self._line.clear()
+        if self._size > self.limit:
+            raise EventTooLarge(self.limit, url=self.url)
+        if line.startswith(":"):
+            return None
+        name, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if name == "event":
+            self._event = value
+        elif name == "data":
+            self._data.append(value)
+        elif name == "id" and "\0" not in value:
+            self._id = value
+        elif name == "retry" and value.isdigit():
+            self._retry = int(value)
+        return None
+
+    def _dispatch(self) -> ServerSentEvent | None:
+        self._size = 0
+        if not self._data:
+            self._event, self._retry = "", None
+            return None
+        event = ServerSentEvent(event=self._event, data="\n".join(self._data), id=self._id, retry=self._retry)
+        self._event, self._data, self._retry = "", [], None  # the last event id is kept (the spec)
+        return event
+
+
+def _event_stream(source: EventSource) -> httpx.Response:
+    """The answer of ``source`` if it is an event stream (as httpx_sse checks it)."""
+    content_type = source.response.headers.get("content-type", "").partition(";")[0]
+    if "text/event-stream" not in content_type:
+        raise SSEError(f"expected an event stream (text/event-stream), got {content_type!r}")
+    return source.response
+
+
+def iter_events(source: EventSource, url: str, limit: int = MAX_EVENT_BYTES) -> Iterator[ServerSentEvent]:
+    """The events of an SSE answer, each at most ``limit`` bytes (``EventTooLarge`` past it)."""
+    decoder = EventDecoder(url, limit)
+    for chunk in _event_stream(source).iter_bytes():
+        yield from decoder.feed(chunk)
+
+
+async def aiter_events(
+    source: EventSource, url: str, limit: int = MAX_EVENT_BYTES
+) -> AsyncGenerator[ServerSentEvent, None]:
+    """``iter_events`` for an async answer."""
+    decoder = EventDecoder(url, limit)
+    async for chunk in _event_stream(source).aiter_bytes():
+        for event in decoder.feed(chunk):
+            yield event
 
 
 @dataclass
@@ -133,7 +234,7 @@ class TurnStream:
                     _check(source.response)
                     if self.state.conversation_id is None:
                         self.state.take_location(source.response)
-                    for sse in source.iter_sse():
+                    for sse in iter_events(source, str(self._http.base_url)):
                         if not sse.data:
                             continue
                         event = self.state.accept(sse)
@@ -215,15 +316,16 @@ class AsyncTurnStream:
                     await _acheck(source.response)
                     if self.state.conversation_id is None:
                         self.state.take_location(source.response)
-                    async for sse in source.aiter_sse():
-                        if not sse.data:
-                            continue
-                        event = self.state.accept(sse)
-                        if event is not None:
-                            attempt = 0
-                            yield event
-                            if self.state.turn is not None:
-                                return
+                    async with aclosing(aiter_events(source, str(self._http.base_url))) as events:
+                        async for sse in events:
+                            if not sse.data:
+                                continue
+                            event = self.state.accept(sse)
+                            if event is not None:
+                                attempt = 0
+                                yield event
+                                if self.state.turn is not None:
+                                    return
             except BROKEN as exc:
                 if self.state.conversation_id is None:
                     raise ConnectionFailed(
