@@ -80,6 +80,22 @@ export class SabreRedirectError extends Error {
   }
 }
 
+/** The most one event of a stream may hold (its lines as sent): past it the stream fails with
+ * `SabreEventTooLargeError` instead of buffering whatever a broken or hostile server keeps sending. */
+export const MAX_EVENT_BYTES = 16 * 1024 * 1024;
+
+/** One event of a stream passed `limit` bytes (`MAX_EVENT_BYTES`): the stream stops there and is not
+ * resumed (the server would send the same event again). */
+export class SabreEventTooLargeError extends Error {
+  readonly limit: number;
+
+  constructor(limit: number) {
+    super(`an event of the stream passed ${limit} bytes; the stream was dropped`);
+    this.name = "SabreEventTooLargeError";
+    this.limit = limit;
+  }
+}
+
 export interface SabreOptions {
   /** Default: the local server, http://127.0.0.1:8011. */
   baseUrl?: string;
@@ -147,7 +163,8 @@ export class TurnStream implements AsyncIterable<EventOut> {
           }
         }
         const reader = response
-          .body!.pipeThrough(new TextDecoderStream())
+          .body!.pipeThrough(eventSizeLimit(MAX_EVENT_BYTES))
+          .pipeThrough(new TextDecoderStream())
           .pipeThrough(new EventSourceParserStream())
           .getReader();
         for (;;) {
@@ -166,7 +183,8 @@ export class TurnStream implements AsyncIterable<EventOut> {
           if (this.turn !== undefined) return;
         }
       } catch (error) {
-        if (error instanceof SabreApiError || error instanceof SabreRedirectError) throw error;
+        const final = error instanceof SabreApiError || error instanceof SabreRedirectError;
+        if (final || error instanceof SabreEventTooLargeError) throw error;
         if (this.conversationId === undefined) {
           throw new SabreConnectionError(`cannot reach the server: ${String(error)}`, { cause: error });
         }
@@ -301,6 +319,42 @@ function refusingRedirects(fetchImpl: typeof globalThis.fetch): typeof globalThi
     }
     return response;
   };
+}
+
+const CR = 0x0d;
+const LF = 0x0a;
+
+/** Passes an event stream's bytes on, counting each event's (its lines, each ending counted once) as
+ * they arrive, and fails with `SabreEventTooLargeError` once one passes `limit`: the parser after it
+ * (which buffers a line however long it grows) holds at most `limit` and one chunk. An empty line ends
+ * an event; CR, LF and CRLF end a line (a CR and LF never occur inside a UTF-8 character). */
+function eventSizeLimit(limit: number): TransformStream<Uint8Array<ArrayBuffer>, Uint8Array<ArrayBuffer>> {
+  let size = 0;
+  let lineEmpty = true;
+  let afterCR = false;
+  return new TransformStream({
+    transform(chunk, controller) {
+      for (const byte of chunk) {
+        if (byte === LF && afterCR) {
+          afterCR = false;
+          continue;
+        }
+        afterCR = byte === CR;
+        if (byte === CR || byte === LF) {
+          size = lineEmpty ? 0 : size + 1;
+          lineEmpty = true;
+          continue;
+        }
+        lineEmpty = false;
+        size += 1;
+        if (size > limit) {
+          controller.error(new SabreEventTooLargeError(limit));
+          return;
+        }
+      }
+      controller.enqueue(chunk);
+    },
+  });
 }
 
 /** The turn-starting POSTs answer JSON unless asked to stream (which these calls never do). */
