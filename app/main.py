@@ -34,6 +34,7 @@ from app.kit.errors import (
 from app.kit.logging import ensure_logging
 from app.kit.metrics import CONTENT_TYPE, exposition
 from app.kit.openapi import install_openapi, operation_id, problem_responses
+from app.kit.routing import add_routes
 from app.openai_compat.endpoints import router as openai_compat_router
 from app.openai_compat.schemas import ChatCompletionChunk
 from app.personas.endpoints import router as personas_router
@@ -167,10 +168,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
     # Outermost: every response (errors and CORS preflights included) carries the request id.
     app.add_middleware(RequestContextMiddleware)
-    app.include_router(conversations_router)
-    app.include_router(personas_router)
-    app.include_router(files_router)
-    app.include_router(openai_compat_router)
+    add_routes(app, conversations_router, personas_router, files_router, openai_compat_router)
 
     @app.get("/metrics", include_in_schema=False, operation_id="metrics.read")
     async def metrics(request: Request) -> Response:

@@ -6,7 +6,7 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response, status
+from fastapi import Depends, Header, Path, Query, Request, Response, status
 from fastapi.responses import JSONResponse
 
 from app.auth.dependencies import Tenant
@@ -22,8 +22,8 @@ from app.kit.clock import utcnow
 from app.kit.db import Session, autocommit_unit
 from app.kit.errors import BadRequest, NotFound, PreconditionFailed, Unprocessable
 from app.kit.idempotency import Idempotency, fingerprint
-from app.kit.json_body import StrictJSONRoute
 from app.kit.openapi import header, problem_responses
+from app.kit.routing import api_router
 from app.models import Conversation, Turn
 from app.models.message import SEQ_MAX
 
@@ -31,7 +31,7 @@ ConversationId = Annotated[str, Path(max_length=64, description="A conversation 
 
 # Each route names its domain errors; 400/401/413/422/503 follow from its dependencies (app.kit.openapi).
 NOT_FOUND = problem_responses(404)
-router = APIRouter(prefix="/v1/conversations", tags=["conversations"], route_class=StrictJSONRoute)
+router = api_router(prefix="/v1/conversations", tags=["conversations"])
 
 
 async def get_service(request: Request, session: Session) -> ConversationService:

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Response
+from fastapi import Path, Response
 
 from app.auth.dependencies import Tenant
 from app.files.repository import FileRepository
 from app.kit.db import Session
 from app.kit.errors import NotFound
-from app.kit.json_body import StrictJSONRoute
 from app.kit.openapi import problem_responses
+from app.kit.routing import api_router
 
-router = APIRouter(prefix="/v1/files", tags=["files"], route_class=StrictJSONRoute)
+router = api_router(prefix="/v1/files", tags=["files"])
 
 
 @router.get(

@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Final
 
-from fastapi import APIRouter, Request, Response
+from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
@@ -26,8 +26,8 @@ from app.events.sse import PING_SECONDS, SEND_TIMEOUT_SECONDS
 from app.events.stream import CutOff, Heartbeat
 from app.kit.db import Session
 from app.kit.errors import SabreError
-from app.kit.json_body import StrictJSONRoute
 from app.kit.openapi import problem_responses
+from app.kit.routing import api_router
 from app.openai_compat import schemas, service
 from app.openai_compat.repository import ChatLinkRepository
 from app.openai_compat.service import ChatService, History
@@ -63,7 +63,7 @@ CREATE_DOC: dict[int | str, dict[str, Any]] = {
 }
 CONVERSATION_HEADER: Final = "Sabre-Conversation-Id"
 
-router = APIRouter(prefix="/v1", tags=["chat completions"], route_class=StrictJSONRoute)
+router = api_router(prefix="/v1", tags=["chat completions"])
 
 
 def _chat(request: Request, session: Session) -> ChatService:

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Request
+from fastapi import Path, Request
 from fastapi.concurrency import run_in_threadpool
 
 from app.auth.dependencies import Tenant
 from app.kit.errors import NotFound
-from app.kit.json_body import StrictJSONRoute
 from app.kit.openapi import problem_responses
+from app.kit.routing import api_router
 from app.personas import schemas, service
 from app.personas.models import Persona
 
 PersonaName = Annotated[str, Path(max_length=64, description="A persona name, e.g. `coder`.")]
 
-router = APIRouter(prefix="/v1/personas", tags=["personas"], route_class=StrictJSONRoute)
+router = api_router(prefix="/v1/personas", tags=["personas"])
 
 
 def _personas(request: Request) -> dict[str, Persona]:
