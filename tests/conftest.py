@@ -9,6 +9,7 @@ sets) a missing or unreachable service fails the run instead of skipping it.
 from __future__ import annotations
 
 import asyncio
+import compileall
 import gc
 import os
 import secrets
@@ -56,6 +57,16 @@ HEAVY_FIRST = (
     "tests/conversations/test_turns.py",
     "tests/conversations/test_hostile_input.py",
 )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Before any test process starts (in xdist's controller, or the only process): compile the
+    service's bytecode. Where ``PYTHONDONTWRITEBYTECODE`` is set (these machines set it), nothing
+    else ever writes it, so every ``sabre serve``, worker and sandbox process the suite starts
+    compiled the modules it imports (0.3-0.9 s of CPU for the app, 0.1 s for a sandbox worker);
+    up to date, this checks timestamps only."""
+    if not hasattr(config, "workerinput"):
+        compileall.compile_dir(Path(__file__).resolve().parents[1] / "app", quiet=1, workers=0)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
