@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from typing import Any, TypeVar
 
+import httpx
 import httpx2
 import mcp.types as mcp_types
 import structlog
@@ -20,8 +21,9 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
 
 from app.helpers import HelperError
+from app.helpers.net import ACCEPT_ENCODING, FetchError, FetchLimits, _Decoder
 from app.tools.mcp import HttpServerConfig, StdioServerConfig
-from app.tools.mcp_stdio import LineTooLong, stdio_client
+from app.tools.mcp_stdio import MAX_LINE_BYTES, LineTooLong, stdio_client
 
 log = structlog.get_logger(__name__)
 
@@ -36,6 +38,37 @@ _TIMEOUT_GRACE = 5.0
 class SessionGone(Exception):
     """The server no longer knows our session (an HTTP server restarted): the request was not run, and
     can be sent again on a new session."""
+
+
+class AnswerRefused(httpx2.StreamError):
+    """An HTTP server's answer was too large (or encoded so that it cannot be bounded). A ``StreamError``:
+    the SDK then fails that one request with this message, and the session goes on."""
+
+
+class _BoundedBody(httpx2.AsyncByteStream):
+    """The body of one answer that is not an event stream (a JSON-RPC message), decoded by the bounded
+    decoder of app/helpers/net.py: at most ``MAX_LINE_BYTES``, the limit of one message over stdio too,
+    however far a compressed body would expand. Without it the SDK read the whole body (``aread``)."""
+
+    def __init__(self, response: httpx2.Response) -> None:
+        assert isinstance(response.stream, httpx2.AsyncByteStream)
+        self._stream = response.stream
+        self._decoder = _Decoder(
+            httpx.URL(str(response.request.url)),
+            response.headers.get("content-encoding", ""),
+            FetchLimits(max_bytes=MAX_LINE_BYTES),
+        )
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for raw in self._stream:
+                yield self._decoder.decode(raw)
+            yield self._decoder.flush()
+        except FetchError as exc:
+            raise AnswerRefused(str(exc)) from None
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
 
 
 class _WatchedDispatcher(JSONRPCDispatcher[Any]):
@@ -217,14 +250,24 @@ async def _http_transport(
         # whose code and text differ between servers, so the status is read here.
         if response.status_code == 404 and MCP_SESSION_ID in response.request.headers:
             on_session_expired()
+        # One message at most MAX_LINE_BYTES, as over stdio: a JSON body here (decoded here, so httpx2
+        # must not decode it again), an SSE event by the SDK (max_sse_event_size below).
+        if not response.headers.get("content-type", "").lower().startswith("text/event-stream"):
+            response.stream = _BoundedBody(response)
+            response.headers.pop("content-encoding", None)
 
     # The read timeout stays long: the server may hold a response stream open between events.
     http_timeout = httpx2.Timeout(request_seconds, read=max(request_seconds, 300.0))
     async with (
         httpx2.AsyncClient(
-            headers=config.headers, timeout=http_timeout, event_hooks={"response": [watch]}
+            headers={**config.headers, "accept-encoding": ACCEPT_ENCODING},  # what _Decoder reads
+            timeout=http_timeout,
+            event_hooks={"response": [watch]},
         ) as client,
-        streamable_http_client(config.url, http_client=client) as (read_stream, write_stream),
+        streamable_http_client(config.url, http_client=client, max_sse_event_size=MAX_LINE_BYTES) as (
+            read_stream,
+            write_stream,
+        ),
     ):
         yield read_stream, write_stream
 
@@ -283,9 +326,14 @@ async def request(connection: McpConnection, what: str, pending: Awaitable[T], *
                 raise HelperError(
                     f"MCP server {name!r} failed {what}: {connection.fault}; the next call restarts it"
                 ) from None
+            why = exc.message.rstrip(".")
             raise HelperError(
-                f"MCP server {name!r} closed the connection during {what} (the call may or may not have "
-                "run); the next call reconnects"
+                f"MCP server {name!r} closed the connection during {what} ({why}; the call may or may not "
+                "have run); the next call reconnects"
+            ) from None
+        if exc.code == mcp_types.PARSE_ERROR:
+            raise HelperError(
+                f"MCP server {name!r} answered {what} with what cannot be used: {exc.message}"
             ) from None
         raise HelperError(f"MCP server {name!r} refused {what}: {exc.message}") from None
     except Exception as exc:

@@ -1,7 +1,8 @@
 """A small MCP server for the tests, built with the SDK's MCPServer (v1's FastMCP).
 
 ``python mcp_server.py`` serves over stdio; ``python mcp_server.py --http PORT`` serves streamable HTTP on
-127.0.0.1:PORT at ``/mcp``. Both transports expose the same tools, so the same assertions hold over each.
+127.0.0.1:PORT at ``/mcp`` (answering requests with SSE, or with one JSON body each with ``--json``). Both
+transports expose the same tools, so the same assertions hold over each.
 """
 
 from __future__ import annotations
@@ -62,6 +63,13 @@ async def slow(seconds: float) -> str:
 
 
 @server.tool()
+def big(size: int) -> str:
+    """``size`` characters: an answer as large as a test needs (a str result is sent twice: as text and
+    as structured content)."""
+    return "x" * size
+
+
+@server.tool()
 def crash() -> str:
     """Kill this server process mid-call: lets the tests exercise a dead session."""
     os._exit(3)
@@ -71,13 +79,15 @@ def main() -> None:
     """Serve over stdio, or over streamable HTTP with ``--http PORT``."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--http", type=int, metavar="PORT")
+    parser.add_argument("--json", action="store_true", help="over HTTP, answer with JSON bodies, not SSE")
     args = parser.parse_args()
     if args.http is None:
         server.run()
         return
     import uvicorn
 
-    uvicorn.run(server.streamable_http_app(), host="127.0.0.1", port=args.http, log_level="warning")
+    app = server.streamable_http_app(json_response=args.json)
+    uvicorn.run(app, host="127.0.0.1", port=args.http, log_level="warning")
 
 
 if __name__ == "__main__":

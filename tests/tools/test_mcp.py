@@ -26,6 +26,7 @@ from app.tools.mcp import (
     load_mcp_servers,
 )
 from app.tools.mcp_client import content_text
+from app.tools.mcp_stdio import MAX_LINE_BYTES
 from tests.conftest import AppFactory
 
 SERVER_SCRIPT = Path(__file__).with_name("mcp_server.py")
@@ -42,9 +43,11 @@ def stdio_config() -> StdioServerConfig:
     return StdioServerConfig(transport="stdio", command=sys.executable, args=(str(SERVER_SCRIPT),))
 
 
-def start_http_server(port: int) -> subprocess.Popen[bytes]:
-    """The test server over streamable HTTP on loopback, once it accepts connections."""
-    process = subprocess.Popen([sys.executable, str(SERVER_SCRIPT), "--http", str(port)])
+def start_http_server(port: int, *, json: bool = False) -> subprocess.Popen[bytes]:
+    """The test server over streamable HTTP on loopback (answers as JSON bodies with ``json``), once it
+    accepts connections."""
+    command = [sys.executable, str(SERVER_SCRIPT), "--http", str(port), *(["--json"] if json else [])]
+    process = subprocess.Popen(command)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -72,6 +75,17 @@ def mcp_http_url() -> Iterator[str]:
     """One streamable-HTTP test server for the session (its tools are stateless)."""
     port = free_port()
     process = start_http_server(port)
+    try:
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        stop(process)
+
+
+@pytest.fixture(scope="session")
+def mcp_http_json_url() -> Iterator[str]:
+    """The streamable-HTTP test server answering each request with one JSON body instead of SSE."""
+    port = free_port()
+    process = start_http_server(port, json=True)
     try:
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
@@ -122,7 +136,7 @@ async def test_an_unknown_tool_carries_the_servers_message(manager: McpManager) 
     with pytest.raises(HelperError) as caught:
         await manager.call_tool("math", "multiply", {"a": 2, "b": 3})
     assert "Unknown tool: multiply" in str(caught.value)
-    assert "MCP server 'math' offers: add, count, crash, echo, fail, pid, slow, summarise" in str(
+    assert "MCP server 'math' offers: add, big, count, crash, echo, fail, pid, slow, summarise" in str(
         caught.value
     )
 
@@ -192,6 +206,28 @@ async def test_aclose_stops_the_stdio_server() -> None:
     # A closed manager reconnects if it is used again.
     assert await manager.call_tool("math", "add", {"a": 1, "b": 1}) == 2
     await manager.aclose()
+
+
+@pytest.mark.parametrize("answers", ["json", "sse"])
+async def test_one_http_answer_is_capped_as_one_stdio_line_is(
+    answers: str, request: pytest.FixtureRequest
+) -> None:
+    # Before: a JSON answer was read whole however large (the SDK caps SSE events only, at 1 MiB), so a
+    # tenant's server could fill the service's memory; now either kind holds at most MAX_LINE_BYTES.
+    url = request.getfixturevalue("mcp_http_json_url" if answers == "json" else "mcp_http_url")
+    manager = McpManager({"math": HttpServerConfig(transport="http", url=url)}, timeout=60)
+    try:
+        # Under the cap (a str result is sent twice: 4 MiB), whole over either kind of answer.
+        size = 2 * 1024 * 1024
+        assert await manager.call_tool("math", "big", {"size": size}) == "x" * size
+        # The JSON body in net.py's words, the SSE event in the SDK's.
+        cap = MAX_LINE_BYTES
+        over = rf"MCP server 'math'.*(limit of {cap:,} bytes per response|{cap} byte limit)"
+        with pytest.raises(HelperError, match=over):
+            await manager.call_tool("math", "big", {"size": MAX_LINE_BYTES + 1})
+        assert await manager.call_tool("math", "add", {"a": 2, "b": 3}) == 5
+    finally:
+        await manager.aclose()
 
 
 async def test_an_unreachable_http_server() -> None:
@@ -336,10 +372,21 @@ custom_tools:
       required: [reason]
     execution_mode: internal
     implementation: mcp://math/fail
+  - name: huge
+    description: An answer of `size` characters.
+    parameters:
+      type: object
+      properties:
+        size: {type: integer}
+      required: [size]
+    execution_mode: internal
+    implementation: mcp://math/big
 """
 
 
-def write_config(tmp_path: Path, *, transport: str, request: pytest.FixtureRequest) -> tuple[Path, Path]:
+def write_config(
+    tmp_path: Path, *, transport: str, request: pytest.FixtureRequest | None
+) -> tuple[Path, Path]:
     """A personas directory with the ``calc`` persona and an mcp_servers.yaml with ``math``."""
     personas = tmp_path / "personas"
     personas.mkdir()
@@ -354,6 +401,7 @@ def write_config(tmp_path: Path, *, transport: str, request: pytest.FixtureReque
             f"    args: [{SERVER_SCRIPT}]\n"
         )
     else:
+        assert request is not None
         url = request.getfixturevalue("mcp_http_url")
         servers.write_text(f"servers:\n  math:\n    transport: http\n    url: {url}\n")
     return personas, servers
@@ -402,6 +450,28 @@ async def test_an_mcp_tool_error_reaches_the_model_as_tool_error(
     seen = llm.requests[1].all_text
     assert "caught: Error executing tool fail: refused: no reason" in seen
     assert "ToolError: Error executing tool fail: refused: again" in seen
+
+
+async def test_an_http_answer_over_the_cap_reaches_the_model_as_tool_error(
+    make_client: AppFactory, llm: ScriptedLLM, tmp_path: Path, mcp_http_json_url: str
+) -> None:
+    # A tenant's server answering with one JSON body larger than one message may be: the block catches
+    # ToolError and goes on (before: the whole body was read, then the journal's 32 MiB check refused it).
+    personas, servers = write_config(tmp_path, transport="stdio", request=None)
+    servers.write_text(f"servers:\n  math:\n    transport: http\n    url: {mcp_http_json_url}\n")
+    llm.script(
+        f"<helpers>\ntry:\n    huge(size={MAX_LINE_BYTES + 1})\nexcept ToolError as exc:\n"
+        "    print('caught:', exc)\nprint(add(2, 3))\n</helpers>",
+        "too big",
+    )
+    async with make_client(personas_dir=personas, mcp_servers=servers) as client:
+        response = await client.post("/v1/conversations", json={"persona": "calc", "input": "go"})
+    assert response.status_code == 201, response.text
+    assert (response.json()["status"], response.json()["output"]) == ("completed", "too big")
+    seen = llm.requests[1].all_text.split("<helpers_result>", 1)[1]
+    assert "caught: MCP server 'math' answered tools/call big with what cannot be used" in seen
+    assert f"larger than the limit of {MAX_LINE_BYTES:,} bytes per response" in seen
+    assert "5" in seen
 
 
 async def test_a_resumed_block_replays_mcp_results_instead_of_calling_again(
