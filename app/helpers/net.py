@@ -46,7 +46,7 @@ USER_AGENT: Final = "Mozilla/5.0 (compatible; SABRE helpers; +fetch on behalf of
 SCHEMES: Final = frozenset({"http", "https"})
 REDIRECT_STATUSES: Final = frozenset({301, 302, 303, 307, 308})
 _NAT64: Final = ipaddress.IPv6Network("64:ff9b::/96")
-# Content codings a fetch asks for and decodes (bounded: ``_Decoder``), with their zlib window bits.
+# Content codings a fetch asks for and decodes (bounded: ``BoundedDecoder``), with their zlib window bits.
 ACCEPT_ENCODING: Final = "gzip, deflate"
 _ZLIB_WBITS: Final = {"gzip": zlib.MAX_WBITS | 16, "x-gzip": zlib.MAX_WBITS | 16, "deflate": zlib.MAX_WBITS}
 
@@ -357,7 +357,7 @@ async def _request(
     extensions = {"sni_hostname": host} if url.scheme == "https" else {}
     sent_headers = {"user-agent": USER_AGENT, **{k.lower(): v for k, v in headers.items()}}
     sent_headers["host"] = url.netloc.decode("ascii")
-    sent_headers["accept-encoding"] = ACCEPT_ENCODING  # what _Decoder reads, nothing else
+    sent_headers["accept-encoding"] = ACCEPT_ENCODING  # what BoundedDecoder reads, nothing else
     # A fresh client per hop: a pooled connection opened for one host must not carry another's request.
     async with httpx.AsyncClient(
         trust_env=False, follow_redirects=False, timeout=httpx.Timeout(limits.timeout_seconds)
@@ -377,7 +377,7 @@ async def _request(
             declared = response.headers.get("content-length", "")
             if declared.isdigit() and int(declared) > limits.max_bytes:
                 raise FetchError(f"{url}: the response is {int(declared):,} bytes, over the {_cap(limits)}")
-            decoder = _Decoder(url, response.headers.get("content-encoding", ""), limits)
+            decoder = BoundedDecoder(url, response.headers.get("content-encoding", ""), limits)
             chunks = [decoder.decode(raw) async for raw in response.aiter_raw()]
             chunks.append(decoder.flush())
         except httpx.HTTPError as exc:
@@ -389,7 +389,7 @@ async def _request(
     )
 
 
-class _Decoder:
+class BoundedDecoder:
     """A response body's content decoding, never producing more than the size cap (plus a byte):
     however far a compressed chunk would expand, it is inflated only that far."""
 

@@ -21,7 +21,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
 
 from app.helpers import HelperError
-from app.helpers.net import ACCEPT_ENCODING, FetchError, FetchLimits, _Decoder
+from app.helpers.net import ACCEPT_ENCODING, BoundedDecoder, FetchError, FetchLimits
 from app.tools.mcp import HttpServerConfig, StdioServerConfig
 from app.tools.mcp_stdio import MAX_LINE_BYTES, LineTooLong, stdio_client
 
@@ -53,7 +53,7 @@ class _BoundedBody(httpx2.AsyncByteStream):
     def __init__(self, response: httpx2.Response) -> None:
         assert isinstance(response.stream, httpx2.AsyncByteStream)
         self._stream = response.stream
-        self._decoder = _Decoder(
+        self._decoder = BoundedDecoder(
             httpx.URL(str(response.request.url)),
             response.headers.get("content-encoding", ""),
             FetchLimits(max_bytes=MAX_LINE_BYTES),
@@ -260,7 +260,7 @@ async def _http_transport(
     http_timeout = httpx2.Timeout(request_seconds, read=max(request_seconds, 300.0))
     async with (
         httpx2.AsyncClient(
-            headers={**config.headers, "accept-encoding": ACCEPT_ENCODING},  # what _Decoder reads
+            headers={**config.headers, "accept-encoding": ACCEPT_ENCODING},  # what BoundedDecoder reads
             timeout=http_timeout,
             event_hooks={"response": [watch]},
         ) as client,
