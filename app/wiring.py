@@ -31,6 +31,7 @@ from app.conversations.locks import ConversationLocks, DatabaseLocks, RedisLocks
 from app.events import webhooks
 from app.events.bus import EventBus, LocalBus, RedisBus
 from app.helpers.net import FetchLimits
+from app.helpers.threads import HelperThreads
 from app.kit import migrate, tracing
 from app.kit.datadir import secure_data_dir
 from app.kit.db import create_engine, create_sessionmaker, store_location, store_problem
@@ -140,6 +141,8 @@ async def open_resources(settings: Settings, *, role: Role = "api") -> AsyncIter
             lazy=settings.runtime_lazy_start,
         )
         stack.push_async_callback(pool.aclose)
+        helper_threads = HelperThreads()
+        stack.callback(helper_threads.close)
         try:
             await pool.start()
         except RuntimeError as exc:
@@ -196,6 +199,7 @@ async def open_resources(settings: Settings, *, role: Role = "api") -> AsyncIter
                 max_output_chars=settings.max_output_chars,
                 images=settings.llm_images,
                 fetch_limits=FetchLimits.from_settings(settings),
+                helper_threads=helper_threads,
             ),
             bus=bus,
             control=control,

@@ -7,12 +7,12 @@ sandboxed code planted included, so a download cannot clobber the user's files o
 
 from __future__ import annotations
 
-import asyncio
 import re
 from pathlib import Path, PurePosixPath
 from urllib.parse import unquote
 
 from app.helpers.base import HelperContext, HelperError
+from app.helpers.threads import run_blocking
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 MAX_STEM = 60
@@ -40,7 +40,7 @@ def safe_stem(url_path: str, *, default: str) -> str:
 
 async def write_new_file(workdir: Path, *, stem: str, suffix: str, data: bytes) -> str:
     """Create ``stem + suffix`` (or ``stem-2 + suffix``, ...) in ``workdir``; returns its name."""
-    return await asyncio.to_thread(_write_new_file, workdir, stem, suffix, data)
+    return await run_blocking(_write_new_file, workdir, stem, suffix, data)
 
 
 def _write_new_file(workdir: Path, stem: str, suffix: str, data: bytes) -> str:

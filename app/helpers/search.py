@@ -16,6 +16,7 @@ from typing import Any, Final, Protocol, TypedDict, runtime_checkable
 
 from app.helpers.base import HelperContext, HelperError, HelperSpec, bind_arguments
 from app.helpers.net import NetworkPolicy
+from app.helpers.threads import run_blocking
 
 MAX_RESULTS: Final = 50
 DDGS_TIMEOUT_SECONDS: Final = 10
@@ -62,7 +63,7 @@ class DdgsBackend:
         """Run the library's blocking search in a thread, bounded in time."""
         try:
             async with asyncio.timeout(self.timeout * 3):
-                raw = await asyncio.to_thread(self._search, query, num_results)
+                raw = await run_blocking(self._search, query, num_results)
         except TimeoutError:
             raise SearchBackendError("the search service did not answer in time") from None
         results: list[SearchResult] = []

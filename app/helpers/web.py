@@ -10,12 +10,14 @@ the parsing libraries are imported on first use, not when the server starts.
 from __future__ import annotations
 
 import asyncio
+import functools
 import io
 from typing import Any, Final, Literal
 
 from app.helpers.base import HelperContext, HelperError, HelperSpec, bind_arguments
 from app.helpers.files import safe_stem, workdir_of, write_new_file
 from app.helpers.net import Fetched, FetchError, NetworkPolicy, default_limits, fetch, parse_url
+from app.helpers.threads import run_blocking
 
 Kind = Literal["html", "pdf", "csv", "text", "binary"]
 
@@ -122,11 +124,11 @@ async def document_text(page: Fetched, *, max_chars: int) -> tuple[str, str]:
         # Undeclared charsets are left to the extractor, which reads <meta charset> itself.
         html = page.text() if page.charset else page.body
         try:
-            text = await asyncio.to_thread(html_to_text, html, url=page.url)
+            text = await run_blocking(functools.partial(html_to_text, html, url=page.url))
         except Exception as exc:  # a parser failure on one hostile page must not kill the call
             raise HelperError(f"cannot read the page {page.url}: {type(exc).__name__}: {exc}") from None
     elif kind == "pdf":
-        text = await asyncio.to_thread(pdf_to_text, page.body)
+        text = await run_blocking(pdf_to_text, page.body)
     else:
         text = page.text()
     return content_type, _cap(text, max_chars)

@@ -20,7 +20,9 @@ import structlog
 
 from app.events.recorder import TurnRecorder
 from app.helpers import HELPERS, SERVICE_HELPERS, HelperContext, HelperError, Usage
+from app.helpers import threads as helper_threads
 from app.helpers.net import FetchLimits
+from app.helpers.threads import HelperThreads
 from app.kit import tracing
 from app.kit.clock import utcnow
 from app.kit.ids import new_id
@@ -113,8 +115,11 @@ class TurnLoop:
         max_output_chars: int,
         images: bool = False,
         fetch_limits: FetchLimits | None = None,
+        helper_threads: HelperThreads | None = None,
     ) -> None:
         self._llm = llm
+        # Where helpers' blocking work runs, as the turn's tenant's (app.helpers.threads).
+        self._threads = helper_threads or HelperThreads()
         self._fetch_limits = fetch_limits
         self._pool = pool
         self._max_output_chars = max_output_chars
@@ -125,7 +130,8 @@ class TurnLoop:
         cancelled. ``parent_event``: the node its events nest under (a sub-task's ``helper.started``)."""
         iterations = tracing.SpanSequence("iteration")  # a span per iteration, when tracing is on
         try:
-            return await self._run(turn, iterations, depth=depth, parent_event=parent_event)
+            with helper_threads.using(self._threads, turn.tenant):
+                return await self._run(turn, iterations, depth=depth, parent_event=parent_event)
         finally:
             iterations.close()
 

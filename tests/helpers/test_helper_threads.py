@@ -1,0 +1,128 @@
+"""Helpers' blocking work runs in threads of its own, a few per tenant (app.helpers.threads).
+
+A hung search service is the hostile case: ``ddgs`` blocks a thread until its own timeouts, and the
+model can call ``Search.search`` many times at once. It ran in the event loop's default executor (six
+threads on two cores), which the service's own blocking work shares, so one tenant's searches held
+every thread. The search library is stubbed at its boundary (``DDGS.text``); the helper, its backend
+and the threads are the real ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import ddgs.ddgs
+import pytest
+
+from app.helpers import HelperContext
+from app.helpers.search import configured_backend, search
+from app.helpers.threads import HelperThreads, using
+
+# A hang-detection bound, not a timing: what must answer answers at once, what hangs never would.
+ANSWERS_WITHIN = 20.0
+
+
+class HungService:
+    """``DDGS.text``: a query starting with ``hang`` blocks until released; others answer at once."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.lock = threading.Lock()
+        self.running = 0
+        self.most_running = 0
+        self.log: list[str] = []
+
+    def text(self, query: str, **kwargs: Any) -> list[dict[str, str]]:
+        if not query.startswith("hang"):
+            return [{"title": query, "href": "https://example.com/", "body": ""}]
+        with self.lock:
+            self.running += 1
+            self.most_running = max(self.most_running, self.running)
+            self.log.append(f"start {query}")
+        try:
+            self.release.wait(60)
+        finally:
+            with self.lock:
+                self.running -= 1
+                self.log.append(f"end {query}")
+        return []
+
+
+@pytest.fixture
+def service(monkeypatch: pytest.MonkeyPatch) -> Iterator[HungService]:
+    hung = HungService()
+    monkeypatch.setattr(ddgs.ddgs.DDGS, "text", lambda self, query, **kw: hung.text(query, **kw))
+    monkeypatch.delenv("SABRE_SEARCH_BACKEND", raising=False)
+    configured_backend.cache_clear()
+    yield hung
+    hung.release.set()
+    configured_backend.cache_clear()
+
+
+async def _until(condition: Any) -> None:
+    deadline = time.monotonic() + ANSWERS_WITHIN
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        await asyncio.sleep(0.01)
+
+
+async def test_one_tenants_hung_searches_hold_neither_the_default_threads_nor_other_tenants(
+    ctx: HelperContext, service: HungService
+) -> None:
+    threads = HelperThreads()
+    with using(threads, "acme"):
+        hung = [asyncio.create_task(search(ctx, [f"hang {i}"], {})) for i in range(12)]
+    await _until(lambda: service.running == threads.per_tenant)
+
+    # The service's own blocking work (the default executor) is not behind acme's searches.
+    assert await asyncio.wait_for(asyncio.to_thread(lambda: "free"), ANSWERS_WITHIN) == "free"
+    # Nor is another tenant's search.
+    with using(threads, "globex"):
+        found = await asyncio.wait_for(search(ctx, ["quick"], {}), ANSWERS_WITHIN)
+    assert [hit["title"] for hit in found] == ["quick"]
+    assert threads.busy("acme") == threads.per_tenant
+    assert threads.busy("globex") == 0
+
+    service.release.set()
+    assert await asyncio.gather(*hung) == [[]] * 12
+    assert service.most_running == threads.per_tenant  # acme never held more
+    assert threads.busy("acme") == 0
+    threads.close()
+
+
+async def test_a_call_given_up_holds_its_tenants_thread_until_it_ends(service: HungService) -> None:
+    threads = HelperThreads(threads=4, per_tenant=1)
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(threads.run("acme", service.text, "hang first"), 0.2)
+    assert threads.busy("acme") == 1  # the thread still runs
+
+    second = asyncio.create_task(threads.run("acme", service.text, "hang second"))
+    other = await asyncio.wait_for(threads.run("globex", service.text, "quick"), ANSWERS_WITHIN)
+    assert other[0]["title"] == "quick"
+    service.release.set()
+    assert await asyncio.wait_for(second, ANSWERS_WITHIN) == []
+    # acme's second call started only once its first thread had ended.
+    assert service.log == ["start hang first", "end hang first", "start hang second", "end hang second"]
+    assert threads.busy("acme") == 0
+    threads.close()
+
+
+async def test_a_call_cancelled_while_waiting_leaves_the_line(service: HungService) -> None:
+    threads = HelperThreads(threads=4, per_tenant=1)
+    first = asyncio.create_task(threads.run("acme", service.text, "hang first"))
+    await _until(lambda: service.running == 1)
+    second = asyncio.create_task(threads.run("acme", service.text, "hang second"))
+    third = asyncio.create_task(threads.run("acme", service.text, "hang third"))
+    await asyncio.sleep(0.05)  # both wait in line
+    second.cancel()
+    service.release.set()
+    assert await asyncio.wait_for(first, ANSWERS_WITHIN) == []
+    assert await asyncio.wait_for(third, ANSWERS_WITHIN) == []
+    assert second.cancelled()
+    assert service.log == ["start hang first", "end hang first", "start hang third", "end hang third"]
+    assert threads.busy("acme") == 0
+    threads.close()
