@@ -117,7 +117,10 @@ def build_job_app(settings: Settings, *, blueprints: Iterable[Blueprint] = ()) -
         connector = procrastinate.PsycopgConnector(
             conninfo=psycopg_conninfo(settings.effective_database_url),
             # One connection per lane stays on LISTEN, the others carry fetches, heartbeats and defers.
-            min_size=1,
+            # Four open from the start: a lane whose first calls waited for the pool to grow, closed
+            # then (an app closed soon after its start), lost its cancellation there and its close
+            # waited a second, or the pool timeout (30 s) for a connection that never came.
+            min_size=4,
             max_size=settings.worker_concurrency + settings.webhook_concurrency + 4,
         )
     app = App(connector=connector)
