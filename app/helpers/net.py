@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Final
 
 import httpx
 
+from app.helpers import threads as helper_threads
 from app.helpers.base import HelperError
 
 if TYPE_CHECKING:
@@ -210,7 +211,15 @@ class NetworkPolicy:
             return literal
         port = url.port or (443 if url.scheme == "https" else 80)
         try:
-            infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            # The resolver blocks a thread for as long as a name server takes (its own timeouts
+            # outlast the fetch's): in a turn, the tenant's helper threads (app.helpers.threads),
+            # not the default executor the service's own work needs.
+            if helper_threads.bound():
+                infos = await helper_threads.run_blocking(
+                    socket.getaddrinfo, host, port, 0, socket.SOCK_STREAM
+                )
+            else:
+                infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
         except (socket.gaierror, UnicodeError) as exc:
             raise FetchError(f"cannot resolve {host}: {exc}") from None
         first_refusal: NetworkDenied | None = None

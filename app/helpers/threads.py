@@ -114,6 +114,11 @@ def using(threads: HelperThreads, tenant: str) -> Iterator[None]:
         _current.reset(token)
 
 
+def bound() -> bool:
+    """Whether a turn bound its tenant's helper threads here (``using``)."""
+    return _current.get(None) is not None
+
+
 async def run_blocking(call: Callable[..., _T], /, *args: object) -> _T:
     """``call(*args)`` in the helper threads of the running turn's tenant; outside a turn (a
     helper called on its own, in tests or tools), in a process-wide pool as tenant ``""``."""

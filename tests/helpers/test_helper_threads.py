@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import ddgs.ddgs
+import httpx
 import pytest
 
 from app.helpers import HelperContext
@@ -125,4 +126,52 @@ async def test_a_call_cancelled_while_waiting_leaves_the_line(service: HungServi
     assert second.cancelled()
     assert service.log == ["start hang first", "end hang first", "start hang third", "end hang third"]
     assert threads.busy("acme") == 0
+    threads.close()
+
+
+async def test_a_tenants_hung_dns_lookups_hold_neither_the_default_threads_nor_other_tenants(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Resolving a page's host is blocking work the model controls (``Web.fetch`` of hosts whose
+    name server never answers: the resolver's own timeouts outlast the fetch's). It ran in the
+    default executor (``loop.getaddrinfo``), so one tenant's parallel fetches held every thread."""
+    import socket
+
+    from app.helpers.net import NetworkPolicy
+
+    release = threading.Event()
+    lock = threading.Lock()
+    running = [0, 0]  # now, most
+
+    def getaddrinfo(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+        if not str(host).startswith("hang"):
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("93.184.215.14", port))]
+        with lock:
+            running[0] += 1
+            running[1] = max(running[1], running[0])
+        try:
+            release.wait(60)
+        finally:
+            with lock:
+                running[0] -= 1
+        raise socket.gaierror(socket.EAI_NONAME, "hung")
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    policy = NetworkPolicy()
+    threads = HelperThreads()
+    try:
+        with using(threads, "acme"):
+            hung = [
+                asyncio.create_task(policy.resolve(httpx.URL(f"https://hang{i}.example/"))) for i in range(12)
+            ]
+        await _until(lambda: running[0] == threads.per_tenant)
+        assert await asyncio.wait_for(asyncio.to_thread(lambda: "free"), ANSWERS_WITHIN) == "free"
+        with using(threads, "globex"):
+            ip = await asyncio.wait_for(policy.resolve(httpx.URL("https://quick.example/")), ANSWERS_WITHIN)
+        assert str(ip) == "93.184.215.14"
+    finally:
+        release.set()
+    results = await asyncio.gather(*hung, return_exceptions=True)
+    assert all(isinstance(r, Exception) for r in results)
+    assert running[1] == threads.per_tenant
     threads.close()
