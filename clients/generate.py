@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import filecmp
+import os
 import shutil
 import subprocess
 import sys
@@ -26,6 +27,11 @@ PACKAGE = PYTHON / "sabre_api"
 # Our changes to openapi-python-client's templates (client.py.jinja: no token in a client's repr).
 TEMPLATES = PYTHON / "templates"
 TYPESCRIPT = ROOT / "clients" / "typescript"
+
+
+def _scripts_first() -> str:
+    """PATH with this interpreter's scripts directory (its venv's ``bin``) first."""
+    return os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", os.defpath)])
 
 
 def generate_python(into: Path) -> Path:
@@ -52,6 +58,9 @@ def generate_python(into: Path) -> Path:
         check=True,
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
+        # Its post-hooks run `ruff` from PATH: this interpreter's scripts first, so the output is the
+        # same run as `.venv/bin/python clients/generate.py` (no venv on PATH) as under `uv run`.
+        env={**os.environ, "PATH": _scripts_first()},
     )
     return target
 
