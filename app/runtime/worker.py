@@ -287,6 +287,7 @@ def _fork_worker(channel: int, *, stats: Sequence[int], control: int, reports: i
         for inherited in (channel, control, reports, *stats):
             os.close(inherited)
         _close_fds_but(fd, log_fd, *kept)  # the zygote's control socket and report pipe above all
+        isolation.worker_namespaces()  # bwrap: its children's network and IPC namespaces
         # Orphans of its blocks come to it, not to the zygote, and it dies with the zygote.
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         die_with_parent()

@@ -233,6 +233,50 @@ result(sorted(open(f'/proc/{{p}}/comm').read().strip() for p in os.listdir('/pro
     assert name not in json.loads(outcome.results[2])
 
 
+async def test_a_socket_name_a_block_left_is_free_for_the_next_one(
+    solo: RuntimePool, conversations: tuple[Path, Path]
+) -> None:
+    """bwrap: a worker's children share its network namespace, one after another. A block that
+    binds an abstract unix name and leaves a daemon holding it (and listening) must leave
+    nothing of it to the next conversation's block in that worker: the name is free to bind,
+    nothing answers on it, and /proc/net/unix does not list it."""
+    _bwrap_only(solo, "abstract unix socket names between blocks")
+    first, second = conversations
+    name = f"sock{uuid.uuid4().hex[:10]}"
+    leave = f"""\
+import ctypes, os, socket, time
+held = socket.socket(socket.AF_UNIX)
+held.bind("\\0{name}")
+held.listen()
+if os.fork() == 0:  # a daemon holding the socket: its own session, out of the process group
+    os.setsid()
+    if os.fork() == 0:
+        ctypes.CDLL(None).prctl(15, b'{name}', 0, 0, 0)
+        time.sleep(60)
+    os._exit(0)
+result(open("/proc/net/unix").read().count("{name}"))
+"""
+    outcome = await run(solo, leave, workdir=first)
+    assert (outcome.status, outcome.results) == ("ok", ["1"]), outcome.error
+    assert await wait_until_gone(name, seconds=5) == []
+    find = f"""\
+import socket
+listed = "{name}" in open("/proc/net/unix").read()
+probe = socket.socket(socket.AF_UNIX)
+try:
+    probe.connect("\\0{name}")
+    reached = "connected"
+except OSError as exc:
+    reached = type(exc).__name__
+mine = socket.socket(socket.AF_UNIX)
+mine.bind("\\0{name}")
+result([listed, reached])
+"""
+    outcome = await run(solo, find, workdir=second)
+    assert outcome.status == "ok", outcome.error
+    assert json.loads(outcome.results[0]) == [False, "ConnectionRefusedError"]
+
+
 async def test_the_root_filesystem_is_read_only_and_minimal(
     solo: RuntimePool, conversations: tuple[Path, Path]
 ) -> None:

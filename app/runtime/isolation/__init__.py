@@ -12,8 +12,11 @@ Two backends, chosen by ``SABRE_SANDBOX`` (``RuntimePool(sandbox=...)``):
     environment is built from scratch (``--clearenv``).
 
     A worker serves many conversations, so the child forked for each block narrows its view
-    before any code of the block runs. While idle (``after_fork``, single-threaded) it creates
-    its own user, mount and IPC namespaces (privileged inside them, and only there), covers the
+    before any code of the block runs. A worker forked by its zygote first makes a network and
+    an IPC namespace of its own (``worker_namespaces``, in a user namespace of its own where it
+    keeps no capability), which its children, one at a time, share. While idle (``after_fork``,
+    single-threaded) each child creates its own user and mount namespaces (privileged inside
+    them, and only there; the network and IPC ones too under a worker that has none), covers the
     workspaces directory with an empty tmpfs (keeping a directory fd on it), mounts a fresh /tmp
     and /dev/shm (each sized to the block's ``file_size_mb``: they are memory), forbids any further
     user namespace and empties its capability bounding set.
@@ -75,6 +78,7 @@ from app.runtime.isolation.confine import (
     thread_started,
     tmpfs_bytes,
     watch_forks,
+    worker_namespaces,
 )
 from app.runtime.isolation.host import bwrap_argv, create_userns, find_bwrap
 from app.runtime.isolation.identity import (
@@ -129,4 +133,5 @@ __all__ = [
     "thread_started",
     "tmpfs_bytes",
     "watch_forks",
+    "worker_namespaces",
 ]
