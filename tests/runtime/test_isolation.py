@@ -559,7 +559,8 @@ async def test_abstract_socket_names_are_each_blocks_own(
 ) -> None:
     """bwrap: abstract unix socket names belong to a network namespace. On a shared one a block
     could take a name another conversation's block was about to bind (its bind then failed) and
-    list every block's socket names in /proc/net/unix; each block now has a namespace of its own."""
+    list every block's socket names in /proc/net/unix; blocks side by side run in workers of their
+    own, and each worker has a namespace of its own (its children use it one after another)."""
     squatter_code = """\
 import socket, time
 taken = socket.socket(socket.AF_UNIX)
