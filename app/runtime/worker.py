@@ -118,6 +118,7 @@ def _fork_child(log_fd: int) -> tuple[int, int, int]:
     gc.freeze()
     sys.stdout.flush()  # a child must not inherit (and later flush) the worker's output
     sys.stderr.flush()
+    isolation.check_worker_namespaces()  # before the child's channel, a socket of the namespace
     ours, theirs = (s.detach() for s in socket.socketpair())
     output_read, output_write = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()

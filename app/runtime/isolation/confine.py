@@ -87,8 +87,10 @@ class _State:
     hidden: tuple[Path, ...] = ()
     system_readable: tuple[str, ...] = ()
     # bwrap: this worker holds a network and an IPC namespace of its own, which its children
-    # share one after another (``worker_namespaces``); otherwise each child makes both.
+    # share one after another (``worker_namespaces``); otherwise each child makes both. And
+    # whether the next child must make its own all the same (``check_worker_namespaces``).
     worker_namespaces = False
+    shared_net_dirty = False
     ruleset: landlock.Ruleset | None = None
     hides_processes = False  # see ``_hide_other_processes``
 
@@ -274,6 +276,25 @@ def worker_namespaces() -> None:
     _State.worker_namespaces = True
 
 
+def check_worker_namespaces() -> None:
+    """bwrap, in the worker before it forks a child: whether that child may use the worker's
+    network namespace, which must then hold no socket at all. The worker's own sockets are not
+    in it (they were made before it, or are closed by now), and a block's die with its
+    processes, but for one kept only by a unix socket in flight to itself (SCM_RIGHTS): that
+    lives, abstract name and all, until the kernel's collector of such cycles next runs, on
+    some later release of a unix socket anywhere on the host. A later conversation's block
+    would then find the name taken and listed in /proc/net/unix (a channel between them), so
+    while one is there each child makes a network and IPC namespace of its own again."""
+    if not _State.worker_namespaces:
+        return
+    try:
+        with open("/proc/self/net/unix", "rb") as table:
+            lines = table.read().count(b"\n")
+    except OSError:
+        lines = 2  # cannot tell: as if something were left
+    _State.shared_net_dirty = lines > 1  # a header line, then one line per socket
+
+
 def after_fork() -> None:
     """In a freshly forked child, while it is still single-threaded: prepare its private view
     (``_prepare``), then install the system call filter (bwrap: mount(2) still open, for
@@ -326,9 +347,10 @@ def _prepare() -> None:
     # A network namespace apart from other conversations' blocks (blocks have no network):
     # abstract unix socket names and /proc/net are per network namespace, so a block side by
     # side can neither take a name before this one nor list its sockets. The worker's own, where
-    # it made one (``worker_namespaces``): its children come one after another.
+    # it made one (``worker_namespaces``) and no block left a socket in it: its children come
+    # one after another (``check_worker_namespaces``).
     flags = CLONE_NEWUSER | CLONE_NEWNS
-    if not _State.worker_namespaces:
+    if not _State.worker_namespaces or _State.shared_net_dirty:
         flags |= CLONE_NEWIPC | CLONE_NEWNET
     check(libc.unshare(flags), "unshare")
     write_file("/proc/self/setgroups", "deny")
