@@ -88,16 +88,6 @@ result(open("/proc/net/unix").read().count({name!r}))
 _ROUNDS = 16
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "a unix socket kept only by an SCM_RIGHTS cycle outlives the block's processes until the "
-        "kernel's unix GC next runs (on some later release of a unix socket, anywhere on the host); "
-        "in the worker's shared network namespace its abstract name is then listed in the next "
-        "conversation's /proc/net/unix and cannot be bound there. The worker must not fork the next "
-        "child while its network namespace holds a socket (worker.py _cleanup)."
-    ),
-)
 async def test_a_socket_kept_in_flight_by_a_block_never_reaches_the_next_conversation(
     solo: RuntimePool, workspaces: Path
 ) -> None:
@@ -105,7 +95,9 @@ async def test_a_socket_kept_in_flight_by_a_block_never_reaches_the_next_convers
     becomes garbage after the block's last release (its channel) and the worker's (its end of the
     channel) stays, name and all, until something on the host releases another one. Under the
     per-child network namespaces it stayed in the dead block's own namespace; in the worker's it
-    is the next conversation's. Any other release on the host may run the GC before the next
+    was the next conversation's (listed in its /proc/net/unix, not bindable there) until
+    f4d08c4: a worker whose namespace holds any socket gives its next child namespaces of its
+    own (``isolation.check_worker_namespaces``). Any other release on the host may run the GC before the next
     block looks: a round counts only when a cycle of this test's own, made once the first block
     is over, is still there when the second one has looked (no GC ran between). A few rounds,
     each with new names, and none that counts may show it (none counting: the host was too busy
