@@ -56,6 +56,8 @@ from app.runtime.isolation.linux import (
 _COVER_OPTIONS: Final = "mode=0755,size=64k,nr_inodes=256"
 # /tmp and /dev/shm of a child before its block sets their size (the block's file_size_mb).
 _DEFAULT_TMP_BYTES: Final = 50 << 20
+# Where a bwrap child mounts fresh tmpfs: what lies below them is hidden from its block.
+_FRESH_TMPFS: Final = ("/tmp", "/dev/shm")
 
 
 class _State:
@@ -104,13 +106,13 @@ def configure_worker(backend: Backend, *, workspaces: str | None, identity: Iden
     _State.backend = backend
     _State.workspaces = workspaces
     _State.identity = identity
-    _State.hidden = tuple(
-        path for path in readonly_paths() if any(path.is_relative_to(top) for top in ("/tmp", "/dev/shm"))
-    )
-    _State.system_readable = tuple(_system_readable())
-    _State.sealable = workspaces is not None and not any(
-        os.path.commonpath([workspaces, top]) == top for top in ("/tmp", "/dev/shm")
-    )
+    if backend == "bwrap":
+        _State.hidden = tuple(p for p in readonly_paths() if any(p.is_relative_to(t) for t in _FRESH_TMPFS))
+        _State.sealable = workspaces is not None and not any(
+            os.path.commonpath([workspaces, top]) == top for top in _FRESH_TMPFS
+        )
+    else:
+        _State.system_readable = tuple(_system_readable())
     os.environ.pop("PWD", None)  # bubblewrap's --chdir sets it; the environment stays as given
     if backend == "bwrap":
         # Else the pool gives each worker a zygote, and so a PID namespace, of its own.
@@ -250,14 +252,15 @@ def worker_namespaces() -> None:
     """bwrap, in a worker the zygote has just forked (still single-threaded): a network and an
     IPC namespace of the worker's own, in a user namespace of its own (an unprivileged process
     can make them only with one), for its children to share one after another instead of
-    making both for each fresh child: that was about 0.5 ms of a fresh block's CPU and 1 ms of
-    its child's set-up (``bench/fork_bench.py``), and the kernel's teardown of one network
-    namespace per block besides.
+    making both for each fresh child: that was about 0.5 ms of a child's CPU and 1 ms of its
+    set-up (a C loop of fork and unshare; ``bench/fork_bench.py`` shows it as its "namespaces,
+    mounts" column), and the kernel's teardown of one network namespace per block besides.
 
     What the per-child namespaces kept apart stays apart: a worker runs one child at a time
-    and kills everything a block left before it forks the next one, so no socket (an abstract
-    unix name, the only kind a block may open) of one conversation's block is left when the
-    next one starts, and blocks side by side run in other workers, in namespaces of their own.
+    and kills everything a block left before it forks the next one, so the sockets (unix ones,
+    the only kind a block may open) of one conversation's block die with it, but for one kept
+    in flight, which ``check_worker_namespaces`` finds; blocks side by side run in other
+    workers, in namespaces of their own.
     Each child still makes its own user and mount namespaces (``_prepare``). The worker keeps
     no capability in its namespace and stays non-dumpable: a block cannot ptrace it."""
     if _State.backend != "bwrap":
@@ -546,7 +549,7 @@ def _narrow(workdir: str, tmp_bytes: int) -> None:
         sealed = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
         mount(None, workspaces, None, sealed)
     if tmp_bytes != _State.tmp_bytes:
-        for path in ("/tmp", "/dev/shm"):
+        for path in _FRESH_TMPFS:
             mount(None, path, None, MS_REMOUNT | MS_NOSUID | MS_NODEV, f"size={tmp_bytes}")
         _State.tmp_bytes = tmp_bytes
     _check_threads()
