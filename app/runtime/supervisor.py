@@ -223,6 +223,7 @@ class WorkerSupervisor:
         """Make the pool's cgroups, then start ``size`` workers and wait until each has an idle child
         (the backend is chosen); a lazy supervisor starts them at its first ``acquire`` instead.
         RuntimeError when one fails to start."""
+        isolation.raise_descriptor_limit()  # before any worker's channel is passed to a zygote
         await self._open_cgroups()
         if not self._lazy:
             await self._start_workers()

@@ -5,6 +5,7 @@ the pool waiting (or trusting a malformed answer)."""
 from __future__ import annotations
 
 import asyncio
+import resource
 import socket
 import sys
 import tempfile
@@ -13,10 +14,12 @@ from pathlib import Path
 import pytest
 
 from app.runtime import RuntimePool
+from app.runtime.isolation import Backend
 from app.runtime.protocol import encode_frame
+from app.runtime.schemas import Limits
 from app.runtime.worker_process import WorkerGone
 from app.runtime.zygote import Zygote
-from tests.runtime.support import run
+from tests.runtime.support import run, started_pool
 
 pytestmark = pytest.mark.asyncio(loop_scope="package")
 
@@ -89,3 +92,32 @@ async def test_a_zygote_that_dies_as_it_starts_is_replaced_once(
         outcome = await run(pool, "result(6 * 7)", workdir=Path(tempfile.mkdtemp(dir=workspaces)))
     assert outcome.results == ["42"]
     assert deaths == 1
+
+
+@pytest.mark.parametrize("backend", ["process", "bwrap"])
+async def test_the_server_passes_workers_their_channels_at_its_hard_descriptor_limit(
+    backend: Backend, workspaces: Path, tmp_path: Path
+) -> None:
+    """Linux refuses an SCM_RIGHTS send while the sender's user has more descriptors in flight
+    than the sender's soft RLIMIT_NOFILE, and an unprivileged server's blocks run as its user:
+    at a soft limit of 1024 a few blocks keeping descriptors in flight could stop it from
+    passing any new worker its channel. The pool raises its soft limit to the hard one before it
+    starts a worker (root, exempt from that check, runs this test: it checks the limit), and a
+    block still gets its own ``open_files``."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard <= 1024:
+        pytest.skip(f"the hard RLIMIT_NOFILE here is {hard}: nothing to raise")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+    try:
+        async with started_pool(backend, workspaces, size=1) as pool:
+            assert resource.getrlimit(resource.RLIMIT_NOFILE) == (hard, hard)
+            outcome = await run(
+                pool,
+                "import resource\nresult(resource.getrlimit(resource.RLIMIT_NOFILE))",
+                workdir=tmp_path,
+                limits=Limits(open_files=64),
+            )
+            assert outcome.status == "ok", outcome.error
+            assert outcome.results == ["[64, 64]"]
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -81,7 +81,7 @@ from app.runtime.isolation.confine import (
     watch_forks,
     worker_namespaces,
 )
-from app.runtime.isolation.host import bwrap_argv, create_userns, find_bwrap
+from app.runtime.isolation.host import bwrap_argv, create_userns, find_bwrap, raise_descriptor_limit
 from app.runtime.isolation.identity import (
     Identity,
     adopt,
@@ -128,6 +128,7 @@ __all__ = [
     "kill_tree",
     "make_traversable",
     "open_cgroups",
+    "raise_descriptor_limit",
     "reachable",
     "remove_block_tmp",
     "sandbox_identity",

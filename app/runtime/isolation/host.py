@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -177,6 +178,26 @@ def bwrap_argv(
     # there (a file left by one conversation would be read by the next).
     argv += ["--remount-ro", "/", "--remount-ro", "/dev", "--chdir", str(cwd), "--", *command]
     return argv
+
+
+def raise_descriptor_limit() -> int:
+    """Raise this process's soft RLIMIT_NOFILE to its hard limit; return the soft limit now.
+
+    The server hands each new worker its channel over SCM_RIGHTS (``Zygote.clone``), and Linux
+    refuses such a send (ETOOMANYREFS) while the descriptors in flight of the sender's user
+    exceed the sender's soft RLIMIT_NOFILE (a root server, with CAP_SYS_RESOURCE, is exempt). The
+    blocks of an unprivileged server (the image's ``sabre`` user) run as that same host user, and
+    a block can keep descriptors in flight past its own limit (``open_files``: each send over it
+    adds up to 253), so a few blocks at once could keep the server from starting any worker at
+    a soft limit of 1024. The hard limit (20,000 to 1,048,576 on usual hosts) is out of reach.
+    Processes the server starts inherit it; the sandbox sets each block's own."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (OSError, ValueError):  # a hard limit above the kernel's nr_open: keep what it has
+            return soft
+    return hard
 
 
 def create_userns(identity: Identity) -> int:
