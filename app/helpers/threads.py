@@ -7,11 +7,16 @@ cgroups). A model calling ``Search.search`` in parallel held all of them for as 
 service took (ddgs goes on after asyncio stops waiting for it): every tenant's next sandbox worker,
 search and page waited behind one tenant's model.
 
-Now a ``HelperThreads`` pool (``THREADS`` threads, one per app) runs that work, and a tenant has at
-most ``PER_TENANT`` of its threads busy: its further calls wait for one of its own to end, while
-other tenants' calls go on. A call whose caller stopped waiting (a timeout) keeps its tenant's slot
-until its thread really ends. The turn loop says whose work runs (``using``); ``run_blocking`` is
-what helpers call instead of ``asyncio.to_thread``.
+Now a ``HelperThreads`` pool (one per app) runs that work, and a tenant has at most ``PER_TENANT``
+of its threads busy: its further calls wait for one of its own to end, while other tenants' calls
+go on. A call whose caller stopped waiting (a timeout) keeps its tenant's slot until its thread
+really ends. The pool starts a thread only when a call is let in and none is idle, up to
+``THREADS``: a thread that hangs cannot be stopped, so what keeps a tenant's calls from waiting
+behind others' hung ones is room for every tenant's share. With 8 threads, four tenants with hung
+searches (or one caller holding four API keys) held them all; at 64 it takes 32 tenants, and the
+threads only exist while that many calls run at once (each idle one is a blocked thread, a few
+KiB). The turn loop says whose work runs (``using``); ``run_blocking`` is what helpers call instead
+of ``asyncio.to_thread``.
 """
 
 from __future__ import annotations
@@ -25,18 +30,20 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Final, TypeVar
 
-THREADS: Final = 8
+THREADS: Final = 64
 PER_TENANT: Final = 2
 
 _T = TypeVar("_T")
 
 
 class HelperThreads:
-    """A thread pool for helpers' blocking work, shared fairly between tenants."""
+    """A thread pool for helpers' blocking work, shared fairly between tenants: at most
+    ``threads`` at once (started as calls need them), ``per_tenant`` of them per tenant."""
 
     def __init__(self, *, threads: int = THREADS, per_tenant: int = PER_TENANT) -> None:
         if threads < 1 or per_tenant < 1:
             raise ValueError("threads and per_tenant must be at least 1")
+        self.threads = threads
         self.per_tenant = per_tenant
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="sabre-helper")
         self._busy: dict[str, int] = {}  # tenant -> its calls whose thread has not ended

@@ -175,3 +175,46 @@ async def test_a_tenants_hung_dns_lookups_hold_neither_the_default_threads_nor_o
     assert all(isinstance(r, Exception) for r in results)
     assert running[1] == threads.per_tenant
     threads.close()
+
+
+async def test_tenants_with_hung_calls_leave_threads_for_another_until_every_share_is_held(
+    service: HungService,
+) -> None:
+    """A hung thread cannot be stopped, so only room for every tenant's share keeps a tenant's
+    call from waiting behind others' hung ones. With 8 threads, four tenants' hung searches (or
+    one caller's four API keys) held them all and every other tenant's helpers queued. Now a
+    newcomer's call answers at once beside four such tenants, and beside as many as leave one
+    share free; once every thread is held the next tenant waits for one to end (bounded)."""
+    threads = HelperThreads()
+    per = threads.per_tenant
+    hung: list[asyncio.Task[list[dict[str, str]]]] = []
+
+    async def hang(tenants: range) -> None:
+        hung.extend(
+            asyncio.create_task(threads.run(f"tenant-{t}", service.text, f"hang {t}.{i}"))
+            for t in tenants
+            for i in range(per)
+        )
+        await _until(lambda: service.running == len(hung))
+
+    async def answers_at_once(tenant: str) -> None:
+        found = await asyncio.wait_for(threads.run(tenant, service.text, "quick"), ANSWERS_WITHIN)
+        assert found[0]["title"] == "quick"
+
+    await hang(range(4))  # what filled the 8 threads
+    await answers_at_once("newcomer")
+    shares = threads.threads // per
+    assert shares >= 32
+    await hang(range(4, shares - 1))
+    await answers_at_once("another newcomer")
+
+    await hang(range(shares - 1, shares))  # now every thread is held
+    assert service.running == threads.threads
+    waiting = asyncio.create_task(threads.run("one too many", service.text, "quick"))
+    await asyncio.sleep(0.2)
+    assert not waiting.done()
+    service.release.set()
+    assert (await asyncio.wait_for(waiting, ANSWERS_WITHIN))[0]["title"] == "quick"
+    assert await asyncio.gather(*hung) == [[]] * threads.threads
+    assert service.most_running == threads.threads
+    threads.close()
