@@ -24,7 +24,8 @@ servers, each in its own process with the same number of server processes (``--w
 The §9 workload: start a conversation → the model asks for an external tool → the turn pauses and the
 response carries the call → resume with the tool's result → the model answers. Section 5 runs it on
 the three targets (sequential, then 8 concurrent clients, with the CPU each used); section 6 prints
-them side by side with ratios and issue 12's goals (``--json PATH`` also writes those figures).
+them side by side with ratios and issue 12's goals (``--json PATH`` also writes those figures), and
+6b the CPU per conversation that the throughput goal leaves SABRE's server and sandboxes here.
 Nothing is asserted: the machines are noisy, so read ratios measured in the same run.
 
 "LLM time" is the scripted model's own ``time_spent`` during a request; "overhead" is the request's
@@ -995,6 +996,55 @@ def summary(results: dict[str, Workload]) -> dict[str, dict[str, float]]:
     return metrics
 
 
+def throughput_budget(results: dict[str, Workload]) -> None:
+    """What the throughput goal leaves SABRE on this machine: the CPU per conversation that
+    ``GOAL_VS_LANGGRAPH_RATE`` times LangGraph's rate allows on all its cores, set against what
+    each part used per conversation in SABRE's load windows (5c). The bench's own clients and
+    model, and the stores, come out of that budget whatever the service does."""
+    sabre, lg = results["SABRE"].load, results["LangGraph"].load
+    cores = os.cpu_count() or 1
+    if sabre is None or lg is None or not sabre.conversations or not lg.conversations:
+        return
+    goal_rate = GOAL_VS_LANGGRAPH_RATE * lg.rate
+    budget = 1000 * cores / goal_rate
+
+    def per_conversation(*groups: str) -> float:
+        return 1000 * sum(sabre.cores[g] for g in groups) / sabre.rate
+
+    outside = per_conversation("bench process", "postgres", "redis")
+    left = budget - outside
+    rows = [
+        [f"the goal's budget: {cores} cores at {goal_rate:.1f} conversations/s", f"{budget:.2f}", ""],
+        [
+            "SABRE's run: the bench process (clients, scripted model)",
+            f"{per_conversation('bench process'):.2f}",
+            "",
+        ],
+        ["SABRE's run: PostgreSQL + Redis", f"{per_conversation('postgres', 'redis'):.2f}", ""],
+        ["left for SABRE's server and sandboxes", f"{left:.2f}", "1.00x"],
+    ]
+    for label, groups in (
+        ("SABRE's server, measured", ("server",)),
+        ("SABRE's sandboxes, measured", ("sandboxes",)),
+        ("server + sandboxes, measured", ("server", "sandboxes")),
+    ):
+        used = per_conversation(*groups)
+        rows.append([label, f"{used:.2f}", ratio(used, left)])
+    table(
+        f"6b. The throughput goal's CPU budget per conversation "
+        f"({GOAL_VS_LANGGRAPH_RATE:g}x LangGraph's conversations/s)",
+        ["", "CPU ms per conversation", "vs what is left"],
+        rows,
+        [
+            "CPU per conversation = cores busy in SABRE's load windows (5c) / its conversations per "
+            "second. A conversation is two requests: the start's block runs in a fresh sandbox "
+            "process (a process never serves two conversations), the resume in that live one. "
+            "The budget counts every core as the bench's: read it on an otherwise idle machine. "
+            "Nothing is asserted."
+        ],
+    )
+
+
 # Main.
 
 
@@ -1167,6 +1217,7 @@ async def run(
             results = await sequential_workload(bench, client, n_turns)
         await concurrent_workload(bench, duration, results)
         metrics = summary(results)
+        throughput_budget(results)
         if json_out is not None:
             report = json.dumps({"quick": quick, "targets": metrics}, indent=2) + "\n"
             await asyncio.to_thread(json_out.write_text, report)
