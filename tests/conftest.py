@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import compileall
+import fnmatch
 import gc
 import os
 import secrets
@@ -60,14 +61,62 @@ HEAVY_FIRST = (
 )
 
 
+ROOT = Path(__file__).resolve().parents[1]
+# The sources the suite's processes import that no installer compiles (uv compiles the
+# environment's packages only): the service, the editable workspace packages (the SDK, the SWE-bench
+# runner), the benchmarks some tests import and the tests' own helper modules.
+UNCOMPILED = ("app", "bench", "clients/python", "integrations/swebench/src", "tests")
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """Before any test process starts (in xdist's controller, or the only process): compile the
-    service's bytecode. Where ``PYTHONDONTWRITEBYTECODE`` is set (these machines set it), nothing
-    else ever writes it, so every ``sabre serve``, worker and sandbox process the suite starts
-    compiled the modules it imports (0.3-0.9 s of CPU for the app, 0.1 s for a sandbox worker);
-    up to date, this checks timestamps only."""
-    if not hasattr(config, "workerinput"):
-        compileall.compile_dir(Path(__file__).resolve().parents[1] / "app", quiet=1, workers=0)
+    """Before any test process starts (in xdist's controller, or the only process): write the
+    bytecode every process of the suite reads. Where ``PYTHONDONTWRITEBYTECODE`` is set (these
+    machines set it), nothing else ever writes it, so every ``sabre serve``, worker and sandbox
+    process the suite starts compiled the modules it imports (0.3-0.9 s of CPU for the app, 0.1 s
+    for a sandbox worker), and each of the five test processes rewrote the asserts of every test
+    module (3 s of CPU each). Up to date, this checks timestamps and hashes only."""
+    if hasattr(config, "workerinput"):
+        return
+    rewritten = _RewrittenByPytest(config)
+    for directory in UNCOMPILED:  # the test modules are compiled by _cache_rewritten_tests
+        compileall.compile_dir(ROOT / directory, quiet=1, workers=0, rx=rewritten)
+    _cache_rewritten_tests(config, rewritten)
+
+
+class _RewrittenByPytest:
+    """Whether pytest imports a file with its asserts rewritten: conftest files and test modules
+    (by name, ``python_files``). ``search`` is what ``compileall`` calls on the files it skips."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.patterns = [*config.getini("python_files"), "conftest.py"]
+
+    def search(self, path: str) -> bool:
+        return any(fnmatch.fnmatch(os.path.basename(path), pattern) for pattern in self.patterns)
+
+
+def _cache_rewritten_tests(config: pytest.Config, rewritten: _RewrittenByPytest) -> None:
+    """Write pytest's cache of the test modules with their asserts rewritten, which every test
+    process reads instead of rewriting them itself; pytest writes it only where bytecode may be
+    written. Through pytest's own (private) functions, so the cache is exactly the one it reads;
+    should they change, each process rewrites the modules as it did before."""
+    if config.getoption("assertmode") != "rewrite":
+        return
+    try:
+        from _pytest.assertion import rewrite
+
+        state = config.stash[rewrite.assertstate_key]
+        tail = rewrite.PYC_TAIL
+        read, write, rewrite_test = rewrite._read_pyc, rewrite._write_pyc, rewrite._rewrite_test
+    except (ImportError, AttributeError, KeyError):
+        return
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        if not rewritten.search(str(path)):
+            continue
+        cache = rewrite.get_cache_dir(path)
+        pyc = cache / (path.name[:-3] + tail)
+        if read(path, pyc) is None and rewrite.try_makedirs(cache):
+            source_hash, code = rewrite_test(path, config)
+            write(state, code, source_hash, pyc)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
