@@ -12,12 +12,15 @@ import os
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import cast
 
 import pytest
 import pytest_asyncio
 
 from app.runtime import RuntimePool
+from app.runtime.isolation import Backend
 from tests.runtime.support import BACKENDS, bwrap_unavailable, started_pool
 
 # Set in the server's environment while the pool runs: the sandbox must never see them.
@@ -44,11 +47,35 @@ def tmp_path(workspaces: Path, request: pytest.FixtureRequest) -> Path:
     return Path(tempfile.mkdtemp(prefix=f"{name}-", dir=workspaces))
 
 
-@pytest_asyncio.fixture(scope="package", loop_scope="package", params=BACKENDS)
-async def pool(request: pytest.FixtureRequest, workspaces: Path) -> AsyncIterator[RuntimePool]:
+@pytest.fixture(scope="package", params=BACKENDS)
+def pool(request: pytest.FixtureRequest) -> RuntimePool:
+    """The package's pool of the test's backend (``bwrap_pool``, ``process_pool``).
+
+    A fixture of its own per backend, not one parametrized fixture: pytest keeps one value of a
+    fixture at a time, so a parametrized pool was closed and started again at every change of
+    backend, twice per test file (the preloads cost a second of CPU per start). Each backend's pool
+    now serves every test file of the package that a test process runs in a row."""
+    return cast(RuntimePool, request.getfixturevalue(f"{request.param}_pool"))
+
+
+@pytest_asyncio.fixture(scope="package", loop_scope="package")
+async def bwrap_pool(workspaces: Path) -> AsyncIterator[RuntimePool]:
+    """``pool`` under bwrap."""
+    async with _preloaded_pool("bwrap", workspaces) as started:
+        yield started
+
+
+@pytest_asyncio.fixture(scope="package", loop_scope="package")
+async def process_pool(workspaces: Path) -> AsyncIterator[RuntimePool]:
+    """``pool`` under the process backend."""
+    async with _preloaded_pool("process", workspaces) as started:
+        yield started
+
+
+@asynccontextmanager
+async def _preloaded_pool(backend: Backend, workspaces: Path) -> AsyncIterator[RuntimePool]:
     """A two-worker pool (numpy, pandas, matplotlib preloaded), started with secrets in env; its
     processes stay live for their conversation's next block, as in the service."""
-    backend = request.param
     if backend == "bwrap" and (why := await bwrap_unavailable(workspaces)) is not None:
         pytest.skip(f"bubblewrap cannot run here: {why}")
     with pytest.MonkeyPatch.context() as patch:
@@ -59,9 +86,23 @@ async def pool(request: pytest.FixtureRequest, workspaces: Path) -> AsyncIterato
             yield started
 
 
-@pytest_asyncio.fixture(scope="package", loop_scope="package", params=BACKENDS)
-async def replaying_pool(request: pytest.FixtureRequest, workspaces: Path) -> AsyncIterator[RuntimePool]:
+@pytest.fixture(scope="package", params=BACKENDS)
+def replaying_pool(request: pytest.FixtureRequest) -> RuntimePool:
     """A two-worker pool without live processes (no preloads): every block starts in a fresh
-    fork from its snapshot, and a resume replays the block from its journal."""
-    async with started_pool(request.param, workspaces, size=2) as started:
+    fork from its snapshot, and a resume replays the block from its journal. One per backend, as
+    ``pool``."""
+    return cast(RuntimePool, request.getfixturevalue(f"replaying_{request.param}_pool"))
+
+
+@pytest_asyncio.fixture(scope="package", loop_scope="package")
+async def replaying_bwrap_pool(workspaces: Path) -> AsyncIterator[RuntimePool]:
+    """``replaying_pool`` under bwrap."""
+    async with started_pool("bwrap", workspaces, size=2) as started:
+        yield started
+
+
+@pytest_asyncio.fixture(scope="package", loop_scope="package")
+async def replaying_process_pool(workspaces: Path) -> AsyncIterator[RuntimePool]:
+    """``replaying_pool`` under the process backend."""
+    async with started_pool("process", workspaces, size=2) as started:
         yield started
