@@ -39,6 +39,10 @@ from app.models import Turn
 PG_URL = os.environ.get("SABRE_TEST_DATABASE_URL", "")
 REDIS_URL = os.environ.get("SABRE_TEST_REDIS_URL", "")
 REQUIRE = os.environ.get("SABRE_TEST_REQUIRE_SERVICES") == "1"
+# litellm (a client in tests/openai_compat) fetches its model price list from GitHub when imported,
+# three tries 2-5 s apart where the machine has no network, before it falls back to the copy it
+# ships: its own copy at once. What the tests ask of litellm does not depend on prices.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 
 # The files whose tests take longest in all (servers started and killed, a fuzzer, timeouts waited
