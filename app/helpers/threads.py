@@ -13,10 +13,10 @@ go on. A call whose caller stopped waiting (a timeout) keeps its tenant's slot u
 really ends. The pool starts a thread only when a call is let in and none is idle, up to
 ``THREADS``: a thread that hangs cannot be stopped, so what keeps a tenant's calls from waiting
 behind others' hung ones is room for every tenant's share. With 8 threads, four tenants with hung
-searches (or one caller holding four API keys) held them all; at 64 it takes 32 tenants, and the
-threads only exist while that many calls run at once (each idle one is a blocked thread, a few
-KiB). The turn loop says whose work runs (``using``); ``run_blocking`` is what helpers call instead
-of ``asyncio.to_thread``.
+searches (or one caller holding four API keys) held them all; at 64 it takes 32 tenants. Threads
+are started only as many as calls ever ran at once, and then stay, idle (a blocked thread, a few
+KiB each). The turn loop says whose work runs (``using``); ``run_blocking`` is what helpers call
+instead of ``asyncio.to_thread``.
 """
 
 from __future__ import annotations

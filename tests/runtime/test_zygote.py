@@ -19,7 +19,7 @@ from app.runtime.protocol import encode_frame
 from app.runtime.schemas import Limits
 from app.runtime.worker_process import WorkerGone
 from app.runtime.zygote import Zygote
-from tests.runtime.support import run, started_pool
+from tests.runtime.support import BACKENDS, run, started_pool
 
 pytestmark = pytest.mark.asyncio(loop_scope="package")
 
@@ -94,7 +94,7 @@ async def test_a_zygote_that_dies_as_it_starts_is_replaced_once(
     assert deaths == 1
 
 
-@pytest.mark.parametrize("backend", ["process", "bwrap"])
+@pytest.mark.parametrize("backend", BACKENDS)
 async def test_the_server_passes_workers_their_channels_at_its_hard_descriptor_limit(
     backend: Backend, workspaces: Path, tmp_path: Path
 ) -> None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import resource
@@ -180,8 +181,8 @@ def bwrap_argv(
     return argv
 
 
-def raise_descriptor_limit() -> int:
-    """Raise this process's soft RLIMIT_NOFILE to its hard limit; return the soft limit now.
+def raise_descriptor_limit() -> None:
+    """Raise this process's soft RLIMIT_NOFILE to its hard limit.
 
     The server hands each new worker its channel over SCM_RIGHTS (``Zygote.clone``), and Linux
     refuses such a send (ETOOMANYREFS) while the descriptors in flight of the sender's user
@@ -193,11 +194,8 @@ def raise_descriptor_limit() -> int:
     Processes the server starts inherit it; the sandbox sets each block's own."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != hard:
-        try:
+        with contextlib.suppress(OSError, ValueError):  # above the kernel's nr_open: keep the soft one
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        except (OSError, ValueError):  # a hard limit above the kernel's nr_open: keep what it has
-            return soft
-    return hard
 
 
 def create_userns(identity: Identity) -> int:
